@@ -1,0 +1,193 @@
+//! `/etc/sparse-volume/config.toml`: global settings, every key optional.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::Deserialize;
+use toml::Spanned;
+
+use super::error::RegistryError;
+use crate::paths::{is_normal_absolute, DEFAULT_STORAGE_ROOT};
+use crate::size::parse_size;
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Config {
+    /// Directories that may hold backing files; `create` uses the first.
+    pub storage_roots: Vec<PathBuf>,
+    pub overcommit_ratio: f64,
+    pub reserve: Reserve,
+    pub udev_timeout: Duration,
+    /// Default for volumes that do not say.
+    pub direct_io: bool,
+}
+
+/// Free space kept for the host on a backing file system.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Reserve {
+    Bytes(u64),
+    Percent(f64),
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            storage_roots: vec![PathBuf::from(DEFAULT_STORAGE_ROOT)],
+            overcommit_ratio: 1.0,
+            reserve: Reserve::Bytes(0),
+            udev_timeout: Duration::from_secs(30),
+            direct_io: true,
+        }
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ConfigFile {
+    storage_roots: Option<Spanned<Vec<String>>>,
+    overcommit_ratio: Option<Spanned<f64>>,
+    reserve: Option<Spanned<ReserveValue>>,
+    udev_timeout_sec: Option<Spanned<u64>>,
+    direct_io: Option<bool>,
+}
+
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum ReserveValue {
+    Bytes(u64),
+    Text(String),
+}
+
+impl Config {
+    /// Reads the config file; a missing file means all defaults.
+    pub fn load(file: &Path) -> Result<Self, RegistryError> {
+        match std::fs::read_to_string(file) {
+            Ok(text) => Self::parse(file, &text),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Self::default()),
+            Err(e) => Err(RegistryError::new(file, None, format!("cannot be read: {e}"))),
+        }
+    }
+
+    pub fn parse(file: &Path, text: &str) -> Result<Self, RegistryError> {
+        let raw: ConfigFile =
+            toml::from_str(text).map_err(|e| RegistryError::from_toml(file, text, &e))?;
+        let fail = |span, reason: String| RegistryError::at(file, text, Some(span), reason);
+        let mut config = Self::default();
+
+        if let Some(roots) = raw.storage_roots {
+            let span = roots.span();
+            let roots = roots.into_inner();
+            if roots.is_empty() {
+                return Err(fail(span, "storage_roots must name at least one directory".into()));
+            }
+            config.storage_roots = Vec::with_capacity(roots.len());
+            for root in roots {
+                let path = PathBuf::from(&root);
+                if !is_normal_absolute(&path) || path == Path::new("/") {
+                    return Err(fail(
+                        span.clone(),
+                        format!("storage root \"{root}\" must be a normalised absolute directory other than /"),
+                    ));
+                }
+                config.storage_roots.push(path);
+            }
+        }
+        if let Some(ratio) = raw.overcommit_ratio {
+            let value = *ratio.get_ref();
+            if !(value.is_finite() && value >= 1.0) {
+                return Err(fail(ratio.span(), format!("overcommit_ratio must be a number >= 1.0, not {value}")));
+            }
+            config.overcommit_ratio = value;
+        }
+        if let Some(reserve) = raw.reserve {
+            let span = reserve.span();
+            config.reserve = parse_reserve(reserve.into_inner()).map_err(|reason| fail(span, reason))?;
+        }
+        if let Some(timeout) = raw.udev_timeout_sec {
+            config.udev_timeout = Duration::from_secs(*timeout.get_ref());
+        }
+        if let Some(direct_io) = raw.direct_io {
+            config.direct_io = direct_io;
+        }
+        Ok(config)
+    }
+
+    /// The storage root that contains `path`, if any.
+    pub fn storage_root_of(&self, path: &Path) -> Option<&Path> {
+        self.storage_roots
+            .iter()
+            .map(PathBuf::as_path)
+            .find(|root| path.starts_with(root) && path != *root)
+    }
+}
+
+fn parse_reserve(value: ReserveValue) -> Result<Reserve, String> {
+    match value {
+        ReserveValue::Bytes(bytes) => Ok(Reserve::Bytes(bytes)),
+        ReserveValue::Text(text) => {
+            if let Some(percent) = text.trim().strip_suffix('%') {
+                let value: f64 = percent
+                    .trim()
+                    .parse()
+                    .map_err(|_| format!("reserve \"{text}\" is not a percentage"))?;
+                if !(0.0..100.0).contains(&value) {
+                    return Err(format!("reserve \"{text}\" must be at least 0% and below 100%"));
+                }
+                Ok(Reserve::Percent(value))
+            } else {
+                parse_size(&text)
+                    .map(Reserve::Bytes)
+                    .map_err(|e| format!("reserve: {e}"))
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(text: &str) -> Result<Config, RegistryError> {
+        Config::parse(Path::new("/etc/sparse-volume/config.toml"), text)
+    }
+
+    #[test]
+    fn empty_file_gives_defaults() {
+        assert_eq!(parse("").unwrap(), Config::default());
+    }
+
+    #[test]
+    fn every_key_is_read() {
+        let config = parse(
+            "storage_roots = [\"/srv/a\", \"/srv/b\"]\novercommit_ratio = 1.5\nreserve = \"5%\"\nudev_timeout_sec = 7\ndirect_io = false\n",
+        )
+        .unwrap();
+        assert_eq!(config.storage_roots, vec![PathBuf::from("/srv/a"), PathBuf::from("/srv/b")]);
+        assert_eq!(config.overcommit_ratio, 1.5);
+        assert_eq!(config.reserve, Reserve::Percent(5.0));
+        assert_eq!(config.udev_timeout, Duration::from_secs(7));
+        assert!(!config.direct_io);
+        assert_eq!(parse("reserve = \"1G\"").unwrap().reserve, Reserve::Bytes(1 << 30));
+        assert_eq!(parse("reserve = 4096").unwrap().reserve, Reserve::Bytes(4096));
+    }
+
+    #[test]
+    fn errors_name_the_line() {
+        let err = parse("direct_io = true\nbogus = 1\n").unwrap_err();
+        assert_eq!(err.line, Some(2));
+        assert!(err.reason.contains("bogus"), "{err}");
+        let err = parse("\n\novercommit_ratio = 0.5\n").unwrap_err();
+        assert_eq!(err.line, Some(3));
+        assert!(parse("storage_roots = [\"relative\"]").is_err());
+        assert!(parse("storage_roots = [\"/srv/../etc\"]").is_err());
+        assert!(parse("storage_roots = []").is_err());
+        assert!(parse("reserve = \"150%\"").is_err());
+    }
+
+    #[test]
+    fn storage_root_of_requires_a_proper_descendant() {
+        let config = parse("storage_roots = [\"/srv/vol\"]").unwrap();
+        assert_eq!(config.storage_root_of(Path::new("/srv/vol/a")), Some(Path::new("/srv/vol")));
+        assert_eq!(config.storage_root_of(Path::new("/srv/volume/a")), None);
+        assert_eq!(config.storage_root_of(Path::new("/srv/vol")), None);
+    }
+}

@@ -1,0 +1,64 @@
+//! Registry errors that point at the file and line an operator must fix.
+
+use std::fmt;
+use std::ops::Range;
+use std::path::{Path, PathBuf};
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RegistryError {
+    pub file: PathBuf,
+    pub line: Option<usize>,
+    pub reason: String,
+}
+
+impl RegistryError {
+    pub fn new(file: &Path, line: Option<usize>, reason: impl Into<String>) -> Self {
+        Self {
+            file: file.to_path_buf(),
+            line,
+            reason: reason.into(),
+        }
+    }
+
+    /// An error at a byte span of the file's text.
+    pub fn at(file: &Path, text: &str, span: Option<Range<usize>>, reason: impl Into<String>) -> Self {
+        let line = span.map(|s| line_of(text, s.start));
+        Self::new(file, line, reason)
+    }
+
+    pub fn from_toml(file: &Path, text: &str, error: &toml::de::Error) -> Self {
+        // toml's own Display repeats the source line with a caret; one
+        // sentence is what an operator reading the journal needs.
+        Self::at(file, text, error.span(), error.message().trim_end().to_string())
+    }
+}
+
+fn line_of(text: &str, offset: usize) -> usize {
+    let end = offset.min(text.len());
+    text.as_bytes()[..end].iter().filter(|&&b| b == b'\n').count() + 1
+}
+
+impl fmt::Display for RegistryError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.line {
+            Some(line) => write!(f, "{}:{}: {}", self.file.display(), line, self.reason),
+            None => write!(f, "{}: {}", self.file.display(), self.reason),
+        }
+    }
+}
+
+impl std::error::Error for RegistryError {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lines_count_from_one() {
+        let text = "a = 1\nb = 2\nc = 3\n";
+        assert_eq!(line_of(text, 0), 1);
+        assert_eq!(line_of(text, 6), 2);
+        assert_eq!(line_of(text, 12), 3);
+        assert_eq!(line_of(text, 999), 4);
+    }
+}
