@@ -67,7 +67,6 @@ impl SystemRoot {
     pub fn run_dir(&self) -> PathBuf {
         self.host_path(RUN_DIR)
     }
-
 }
 
 /// True when `path` is absolute and free of `.`/`..` components and

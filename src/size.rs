@@ -10,20 +10,30 @@ pub fn parse_size(text: &str) -> Result<u64, String> {
         .unwrap_or(trimmed.len());
     let (digits, suffix) = trimmed.split_at(split);
     if digits.is_empty() {
-        return Err(format!("\"{text}\" is not a size (examples: 4096, 512M, 10G, 1TiB)"));
+        return Err(format!(
+            "\"{text}\" is not a size (examples: 4096, 512M, 10G, 1TiB)"
+        ));
     }
     let number: u64 = digits
         .parse()
         .map_err(|_| format!("\"{text}\" is too large"))?;
-    let multiplier = multiplier(suffix.trim())
-        .ok_or_else(|| format!("\"{text}\" has an unknown unit \"{}\" (use K, M, G, T, P, KiB…, KB…)", suffix.trim()))?;
+    let multiplier = multiplier(suffix.trim()).ok_or_else(|| {
+        format!(
+            "\"{text}\" has an unknown unit \"{}\" (use K, M, G, T, P, KiB…, KB…)",
+            suffix.trim()
+        )
+    })?;
     number
         .checked_mul(multiplier)
         .ok_or_else(|| format!("\"{text}\" is too large"))
 }
 
 fn multiplier(suffix: &str) -> Option<u64> {
-    let exponent = |letter: char| "KMGTPE".find(letter.to_ascii_uppercase()).map(|i| i as u32 + 1);
+    let exponent = |letter: char| {
+        "KMGTPE"
+            .find(letter.to_ascii_uppercase())
+            .map(|i| i as u32 + 1)
+    };
     let mut chars = suffix.chars();
     let Some(first) = chars.next() else {
         return Some(1);
@@ -73,7 +83,16 @@ mod tests {
 
     #[test]
     fn rejects_nonsense() {
-        for bad in ["", "G", "-1G", "1.5G", "10X", "10GiBs", "99999999999999999999", "20E"] {
+        for bad in [
+            "",
+            "G",
+            "-1G",
+            "1.5G",
+            "10X",
+            "10GiBs",
+            "99999999999999999999",
+            "20E",
+        ] {
             assert!(parse_size(bad).is_err(), "{bad} was accepted");
         }
     }

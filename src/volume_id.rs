@@ -32,8 +32,7 @@ impl FromStr for VolumeId {
     /// Accepts only the canonical form: other spellings of the same UUID
     /// would name different registry files and unit instances.
     fn from_str(text: &str) -> Result<Self, Self::Err> {
-        let uuid = Uuid::try_parse(text)
-            .map_err(|_| format!("\"{text}\" is not a UUID"))?;
+        let uuid = Uuid::try_parse(text).map_err(|_| format!("\"{text}\" is not a UUID"))?;
         if uuid.hyphenated().to_string() != text {
             return Err(format!(
                 "\"{text}\" is not a canonical UUID (lowercase, hyphenated: {})",
@@ -60,7 +59,10 @@ mod tests {
     #[test]
     fn accepts_only_canonical_form() {
         let canonical = "6f1c2a8e-3b4d-4e5f-8a9b-0c1d2e3f4a5b";
-        assert_eq!(canonical.parse::<VolumeId>().unwrap().to_string(), canonical);
+        assert_eq!(
+            canonical.parse::<VolumeId>().unwrap().to_string(),
+            canonical
+        );
         for bad in [
             "6F1C2A8E-3B4D-4E5F-8A9B-0C1D2E3F4A5B",
             "6f1c2a8e3b4d4e5f8a9b0c1d2e3f4a5b",

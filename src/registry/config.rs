@@ -63,7 +63,11 @@ impl Config {
         match std::fs::read_to_string(file) {
             Ok(text) => Self::parse(file, &text),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Self::default()),
-            Err(e) => Err(RegistryError::new(file, None, format!("cannot be read: {e}"))),
+            Err(e) => Err(RegistryError::new(
+                file,
+                None,
+                format!("cannot be read: {e}"),
+            )),
         }
     }
 
@@ -77,7 +81,10 @@ impl Config {
             let span = roots.span();
             let roots = roots.into_inner();
             if roots.is_empty() {
-                return Err(fail(span, "storage_roots must name at least one directory".into()));
+                return Err(fail(
+                    span,
+                    "storage_roots must name at least one directory".into(),
+                ));
             }
             config.storage_roots = Vec::with_capacity(roots.len());
             for root in roots {
@@ -94,13 +101,17 @@ impl Config {
         if let Some(ratio) = raw.overcommit_ratio {
             let value = *ratio.get_ref();
             if !(value.is_finite() && value >= 1.0) {
-                return Err(fail(ratio.span(), format!("overcommit_ratio must be a number >= 1.0, not {value}")));
+                return Err(fail(
+                    ratio.span(),
+                    format!("overcommit_ratio must be a number >= 1.0, not {value}"),
+                ));
             }
             config.overcommit_ratio = value;
         }
         if let Some(reserve) = raw.reserve {
             let span = reserve.span();
-            config.reserve = parse_reserve(reserve.into_inner()).map_err(|reason| fail(span, reason))?;
+            config.reserve =
+                parse_reserve(reserve.into_inner()).map_err(|reason| fail(span, reason))?;
         }
         if let Some(timeout) = raw.udev_timeout_sec {
             config.udev_timeout = Duration::from_secs(*timeout.get_ref());
@@ -130,7 +141,9 @@ fn parse_reserve(value: ReserveValue) -> Result<Reserve, String> {
                     .parse()
                     .map_err(|_| format!("reserve \"{text}\" is not a percentage"))?;
                 if !(0.0..100.0).contains(&value) {
-                    return Err(format!("reserve \"{text}\" must be at least 0% and below 100%"));
+                    return Err(format!(
+                        "reserve \"{text}\" must be at least 0% and below 100%"
+                    ));
                 }
                 Ok(Reserve::Percent(value))
             } else {
@@ -161,13 +174,22 @@ mod tests {
             "storage_roots = [\"/srv/a\", \"/srv/b\"]\novercommit_ratio = 1.5\nreserve = \"5%\"\nudev_timeout_sec = 7\ndirect_io = false\n",
         )
         .unwrap();
-        assert_eq!(config.storage_roots, vec![PathBuf::from("/srv/a"), PathBuf::from("/srv/b")]);
+        assert_eq!(
+            config.storage_roots,
+            vec![PathBuf::from("/srv/a"), PathBuf::from("/srv/b")]
+        );
         assert_eq!(config.overcommit_ratio, 1.5);
         assert_eq!(config.reserve, Reserve::Percent(5.0));
         assert_eq!(config.udev_timeout, Duration::from_secs(7));
         assert!(!config.direct_io);
-        assert_eq!(parse("reserve = \"1G\"").unwrap().reserve, Reserve::Bytes(1 << 30));
-        assert_eq!(parse("reserve = 4096").unwrap().reserve, Reserve::Bytes(4096));
+        assert_eq!(
+            parse("reserve = \"1G\"").unwrap().reserve,
+            Reserve::Bytes(1 << 30)
+        );
+        assert_eq!(
+            parse("reserve = 4096").unwrap().reserve,
+            Reserve::Bytes(4096)
+        );
     }
 
     #[test]
@@ -186,7 +208,10 @@ mod tests {
     #[test]
     fn storage_root_of_requires_a_proper_descendant() {
         let config = parse("storage_roots = [\"/srv/vol\"]").unwrap();
-        assert_eq!(config.storage_root_of(Path::new("/srv/vol/a")), Some(Path::new("/srv/vol")));
+        assert_eq!(
+            config.storage_root_of(Path::new("/srv/vol/a")),
+            Some(Path::new("/srv/vol"))
+        );
         assert_eq!(config.storage_root_of(Path::new("/srv/volume/a")), None);
         assert_eq!(config.storage_root_of(Path::new("/srv/vol")), None);
     }

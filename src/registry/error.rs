@@ -21,7 +21,12 @@ impl RegistryError {
     }
 
     /// An error at a byte span of the file's text.
-    pub fn at(file: &Path, text: &str, span: Option<Range<usize>>, reason: impl Into<String>) -> Self {
+    pub fn at(
+        file: &Path,
+        text: &str,
+        span: Option<Range<usize>>,
+        reason: impl Into<String>,
+    ) -> Self {
         let line = span.map(|s| line_of(text, s.start));
         Self::new(file, line, reason)
     }
@@ -29,13 +34,22 @@ impl RegistryError {
     pub fn from_toml(file: &Path, text: &str, error: &toml::de::Error) -> Self {
         // toml's own Display repeats the source line with a caret; one
         // sentence is what an operator reading the journal needs.
-        Self::at(file, text, error.span(), error.message().trim_end().to_string())
+        Self::at(
+            file,
+            text,
+            error.span(),
+            error.message().trim_end().to_string(),
+        )
     }
 }
 
 fn line_of(text: &str, offset: usize) -> usize {
     let end = offset.min(text.len());
-    text.as_bytes()[..end].iter().filter(|&&b| b == b'\n').count() + 1
+    text.as_bytes()[..end]
+        .iter()
+        .filter(|&&b| b == b'\n')
+        .count()
+        + 1
 }
 
 impl fmt::Display for RegistryError {

@@ -93,7 +93,11 @@ impl Registry {
     pub fn put(&self, volume: &Volume) -> Result<()> {
         let dir = self.root.volumes_dir();
         fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
-        write_atomically(&self.root.volume_file(&volume.id), volume.to_toml().as_bytes(), 0o644)
+        write_atomically(
+            &self.root.volume_file(&volume.id),
+            volume.to_toml().as_bytes(),
+            0o644,
+        )
     }
 
     /// Serialises registry read-modify-write and capacity decisions.

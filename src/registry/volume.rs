@@ -31,7 +31,10 @@ impl fmt::Display for FsType {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Mode {
     /// A file system whose UUID is the volume UUID (`/dev/disk/by-uuid`).
-    Filesystem { fs_type: FsType, mkfs_options: Vec<String> },
+    Filesystem {
+        fs_type: FsType,
+        mkfs_options: Vec<String>,
+    },
     /// A GPT whose first partition's unique GUID is the volume UUID
     /// (`/dev/disk/by-partuuid`), with no file system.
     Block,
@@ -137,32 +140,58 @@ impl Volume {
 
         let path = PathBuf::from(raw.path.get_ref());
         if !is_normal_absolute(&path) {
-            return Err(fail(raw.path.span(), format!("path \"{}\" must be a normalised absolute path", path.display())));
-        }
-        if config.storage_root_of(&path).is_none() {
-            let roots: Vec<_> = config.storage_roots.iter().map(|r| r.display().to_string()).collect();
             return Err(fail(
                 raw.path.span(),
-                format!("path {} is not inside a storage root ({})", path.display(), roots.join(", ")),
+                format!(
+                    "path \"{}\" must be a normalised absolute path",
+                    path.display()
+                ),
+            ));
+        }
+        if config.storage_root_of(&path).is_none() {
+            let roots: Vec<_> = config
+                .storage_roots
+                .iter()
+                .map(|r| r.display().to_string())
+                .collect();
+            return Err(fail(
+                raw.path.span(),
+                format!(
+                    "path {} is not inside a storage root ({})",
+                    path.display(),
+                    roots.join(", ")
+                ),
             ));
         }
 
         let size = *raw.size.get_ref();
         if size <= 0 || size % 512 != 0 {
-            return Err(fail(raw.size.span(), format!("size {size} must be a positive multiple of 512 bytes")));
+            return Err(fail(
+                raw.size.span(),
+                format!("size {size} must be a positive multiple of 512 bytes"),
+            ));
         }
 
         let mode = match raw.mode {
             ModeName::Filesystem => Mode::Filesystem {
                 fs_type: raw.fs_type.map_or(FsType::Ext4, Spanned::into_inner),
-                mkfs_options: raw.mkfs_options.map(Spanned::into_inner).unwrap_or_default(),
+                mkfs_options: raw
+                    .mkfs_options
+                    .map(Spanned::into_inner)
+                    .unwrap_or_default(),
             },
             ModeName::Block => {
                 if let Some(fs_type) = raw.fs_type {
-                    return Err(fail(fs_type.span(), "fs_type is only valid for mode = \"filesystem\"".into()));
+                    return Err(fail(
+                        fs_type.span(),
+                        "fs_type is only valid for mode = \"filesystem\"".into(),
+                    ));
                 }
                 if let Some(options) = raw.mkfs_options {
-                    return Err(fail(options.span(), "mkfs_options is only valid for mode = \"filesystem\"".into()));
+                    return Err(fail(
+                        options.span(),
+                        "mkfs_options is only valid for mode = \"filesystem\"".into(),
+                    ));
                 }
                 Mode::Block
             }
@@ -170,7 +199,10 @@ impl Volume {
 
         let name = match raw.name {
             Some(name) if name.get_ref().chars().any(char::is_control) => {
-                return Err(fail(name.span(), "name must not contain control characters".into()));
+                return Err(fail(
+                    name.span(),
+                    "name must not contain control characters".into(),
+                ));
             }
             other => other.map(Spanned::into_inner),
         };
@@ -189,7 +221,10 @@ impl Volume {
 
     pub fn to_toml(&self) -> String {
         let (mode, fs_type, mkfs_options) = match &self.mode {
-            Mode::Filesystem { fs_type, mkfs_options } => (
+            Mode::Filesystem {
+                fs_type,
+                mkfs_options,
+            } => (
                 ModeName::Filesystem,
                 Some(*fs_type),
                 Some(mkfs_options.as_slice()).filter(|o| !o.is_empty()),
@@ -235,7 +270,13 @@ mod tests {
     fn minimal_file_gets_defaults() {
         let volume = parse(&minimal("")).unwrap();
         assert_eq!(volume.id.to_string(), ID);
-        assert_eq!(volume.mode, Mode::Filesystem { fs_type: FsType::Ext4, mkfs_options: vec![] });
+        assert_eq!(
+            volume.mode,
+            Mode::Filesystem {
+                fs_type: FsType::Ext4,
+                mkfs_options: vec![]
+            }
+        );
         assert!(volume.enabled && !volume.read_only && volume.direct_io);
     }
 
@@ -251,15 +292,35 @@ mod tests {
     #[test]
     fn rejects_with_file_line_and_reason() {
         let cases = [
-            (minimal("").replace(ID, "6F1C2A8E-3B4D-4E5F-8A9B-0C1D2E3F4A5B"), 1, "canonical"),
-            (minimal("").replace("/var/lib/sparse-volume", "/home/x"), 2, "storage root"),
-            (minimal("").replace("/var/lib/sparse-volume", "/var/lib/sparse-volume/../../etc"), 2, "normalised"),
+            (
+                minimal("").replace(ID, "6F1C2A8E-3B4D-4E5F-8A9B-0C1D2E3F4A5B"),
+                1,
+                "canonical",
+            ),
+            (
+                minimal("").replace("/var/lib/sparse-volume", "/home/x"),
+                2,
+                "storage root",
+            ),
+            (
+                minimal("").replace("/var/lib/sparse-volume", "/var/lib/sparse-volume/../../etc"),
+                2,
+                "normalised",
+            ),
             (minimal("").replace("1048576", "1000"), 3, "multiple of 512"),
             (minimal("").replace("1048576", "0"), 3, "positive"),
-            (minimal("").replace("\"filesystem\"", "\"raw\""), 4, "unknown variant"),
+            (
+                minimal("").replace("\"filesystem\"", "\"raw\""),
+                4,
+                "unknown variant",
+            ),
             (minimal("colour = 1\n"), 5, "unknown field"),
             (minimal("fs_type = \"btrfs\"\n"), 5, "unknown variant"),
-            (minimal("fs_type = \"ext4\"\n").replace("\"filesystem\"", "\"block\""), 5, "only valid"),
+            (
+                minimal("fs_type = \"ext4\"\n").replace("\"filesystem\"", "\"block\""),
+                5,
+                "only valid",
+            ),
             (minimal("name = \"a\\nb\"\n"), 5, "control"),
             ("uuid = \"x\"\nsize = [".to_string(), 2, ""),
         ];
@@ -267,13 +328,18 @@ mod tests {
             let err = parse(&text).expect_err(&text);
             assert_eq!(err.line, Some(line), "{err}");
             assert!(err.reason.contains(reason), "{err} lacks {reason}");
-            assert!(err.to_string().starts_with(&format!("{}:{line}: ", file().display())), "{err}");
+            assert!(
+                err.to_string()
+                    .starts_with(&format!("{}:{line}: ", file().display())),
+                "{err}"
+            );
         }
     }
 
     #[test]
     fn file_name_must_match_uuid() {
-        let other = Path::new("/etc/sparse-volume/volumes.d/0e2f7c5a-1111-4222-8333-444455556666.toml");
+        let other =
+            Path::new("/etc/sparse-volume/volumes.d/0e2f7c5a-1111-4222-8333-444455556666.toml");
         let err = Volume::parse(other, &minimal(""), &Config::default()).unwrap_err();
         assert!(err.reason.contains("does not match the file name"), "{err}");
     }

@@ -1,0 +1,104 @@
+//! Who uses a loop device: mounts of it or its partitions, swap, and
+//! stacked devices (device mapper, md) listed in sysfs `holders/`.
+//! The kernel's `O_EXCL` refusal tells *that* a device is busy; this tells
+//! the operator *why*.
+
+use std::fs;
+use std::path::Path;
+
+/// `maj:min` of `loopN` and of each of its partitions, with their names.
+fn device_numbers(number: u32) -> Vec<(String, String)> {
+    let name = format!("loop{number}");
+    let sys = Path::new("/sys/block").join(&name);
+    let mut found = Vec::new();
+    if let Ok(dev) = fs::read_to_string(sys.join("dev")) {
+        found.push((name.clone(), dev.trim().to_string()));
+    }
+    if let Ok(listing) = fs::read_dir(&sys) {
+        for entry in listing.flatten() {
+            let part = entry.file_name().to_string_lossy().into_owned();
+            if part.starts_with(&name) {
+                if let Ok(dev) = fs::read_to_string(entry.path().join("dev")) {
+                    found.push((part, dev.trim().to_string()));
+                }
+            }
+        }
+    }
+    found
+}
+
+/// One sentence per use, e.g. `/dev/loop3p1 is mounted on /srv/data`.
+pub fn users_of_loop(number: u32) -> Vec<String> {
+    let devices = device_numbers(number);
+    let mut users = Vec::new();
+    let mountinfo = fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    for line in mountinfo.lines() {
+        let fields: Vec<&str> = line.split(' ').collect();
+        if fields.len() < 5 {
+            continue;
+        }
+        if let Some((name, _)) = devices.iter().find(|(_, dev)| dev == fields[2]) {
+            users.push(format!(
+                "/dev/{name} is mounted on {}",
+                unescape_mount_path(fields[4])
+            ));
+        }
+    }
+    let swaps = fs::read_to_string("/proc/swaps").unwrap_or_default();
+    for line in swaps.lines().skip(1) {
+        if let Some(path) = line.split_whitespace().next() {
+            if devices
+                .iter()
+                .any(|(name, _)| path == format!("/dev/{name}"))
+            {
+                users.push(format!("{path} is in use as swap"));
+            }
+        }
+    }
+    for (name, _) in &devices {
+        let holders = Path::new("/sys/class/block").join(name).join("holders");
+        for holder in fs::read_dir(holders).into_iter().flatten().flatten() {
+            users.push(format!(
+                "/dev/{name} is held by {}",
+                holder.file_name().to_string_lossy()
+            ));
+        }
+    }
+    users
+}
+
+/// mountinfo escapes space, tab, newline and backslash as `\ooo`.
+fn unescape_mount_path(text: &str) -> String {
+    let bytes = text.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'\\'
+            && i + 3 < bytes.len()
+            && bytes[i + 1..i + 4]
+                .iter()
+                .all(|b| (b'0'..=b'7').contains(b))
+        {
+            let value =
+                (bytes[i + 1] - b'0') * 64 + (bytes[i + 2] - b'0') * 8 + (bytes[i + 3] - b'0');
+            out.push(value);
+            i += 4;
+        } else {
+            out.push(bytes[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unescapes_mountinfo_paths() {
+        assert_eq!(unescape_mount_path("/srv/my\\040data"), "/srv/my data");
+        assert_eq!(unescape_mount_path("/plain"), "/plain");
+        assert_eq!(unescape_mount_path("/end\\04"), "/end\\04");
+    }
+}

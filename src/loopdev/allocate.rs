@@ -1,0 +1,163 @@
+//! Binding a backing file to a free loop device, in systemd's order:
+//! lock `/dev/loop-control`, take a free device, lock the device, configure
+//! it, verify what the kernel really did, and only then let udev see it.
+
+use std::fs::File;
+use std::os::unix::fs::MetadataExt;
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use nix::errno::Errno;
+
+use super::device::{LockedControl, LockedLoopDevice, LoopDevice, LoopStatus};
+use super::sys::{LoopInfo64, LO_FLAGS_DIRECT_IO, LO_FLAGS_PARTSCAN, LO_FLAGS_READ_ONLY};
+
+/// Another process (one that ignores the control lock, such as `losetup`)
+/// can take the device we were handed; we then ask again.
+const MAX_ATTEMPTS: u32 = 64;
+
+#[derive(Clone, Debug)]
+pub struct BindOptions {
+    pub read_only: bool,
+    pub partition_scan: bool,
+    pub direct_io: bool,
+    /// Stored in `lo_file_name`, so the device can be found without the file.
+    pub reference: String,
+}
+
+#[derive(Clone, Debug)]
+pub struct Bound {
+    pub number: u32,
+    pub status: LoopStatus,
+    /// How the kernel was asked: `LOOP_CONFIGURE` or the pre-5.8 fallback.
+    pub legacy_ioctls: bool,
+}
+
+impl BindOptions {
+    fn info(&self, direct_io: bool) -> LoopInfo64 {
+        let mut info = LoopInfo64::default();
+        info.set_file_name(&self.reference);
+        if self.read_only {
+            info.lo_flags |= LO_FLAGS_READ_ONLY;
+        }
+        if self.partition_scan {
+            info.lo_flags |= LO_FLAGS_PARTSCAN;
+        }
+        if direct_io {
+            info.lo_flags |= LO_FLAGS_DIRECT_IO;
+        }
+        info
+    }
+}
+
+/// Binds `backing` (opened read-write, or read-only for a read-only
+/// volume) to a new loop device.
+pub fn bind_to_free_device(backing: &File, options: &BindOptions) -> Result<Bound> {
+    for attempt in 0..MAX_ATTEMPTS {
+        let control = LockedControl::acquire()?;
+        let number = control.get_free()?;
+        let device = LoopDevice::open(number, !options.read_only)?.lock()?;
+        // Someone bound it between GET_FREE and our lock: ask again.
+        if matches!(device.status(), Ok(Some(_))) {
+            drop(device);
+            drop(control);
+            back_off(attempt);
+            continue;
+        }
+        match configure(&device, backing, options) {
+            Ok(legacy_ioctls) => {
+                let status = verify(&device, backing, options)?;
+                return Ok(Bound {
+                    number,
+                    status,
+                    legacy_ioctls,
+                });
+            }
+            Err(Errno::EBUSY) => {
+                drop(device);
+                drop(control);
+                back_off(attempt);
+            }
+            Err(errno) => {
+                return Err(errno).with_context(|| {
+                    format!("configuring {}", LoopDevice::path_of(number).display())
+                });
+            }
+        }
+    }
+    bail!("no free loop device could be claimed after {MAX_ATTEMPTS} attempts")
+}
+
+/// Returns whether the legacy ioctls were needed.
+fn configure(
+    device: &LockedLoopDevice,
+    backing: &File,
+    options: &BindOptions,
+) -> Result<bool, Errno> {
+    let first = device.configure(backing, options.info(options.direct_io));
+    let result = match first {
+        // Some kernels refuse direct I/O outright when the backing file
+        // system cannot do it; buffered I/O still works.
+        Err(Errno::EINVAL) if options.direct_io => device.configure(backing, options.info(false)),
+        other => other,
+    };
+    match result {
+        Ok(()) => Ok(false),
+        // Kernels before 5.8 do not know LOOP_CONFIGURE.
+        Err(Errno::EINVAL | Errno::ENOTTY) => {
+            device.set_fd_then_status(backing, &options.info(false))?;
+            Ok(true)
+        }
+        Err(errno) => Err(errno),
+    }
+}
+
+/// Older kernels silently ignore flags they do not know; check the device
+/// is bound to our file with the flags we need, fixing what can be fixed.
+fn verify(device: &LockedLoopDevice, backing: &File, options: &BindOptions) -> Result<LoopStatus> {
+    let path = device.path();
+    let meta = backing.metadata().context("inspecting the backing file")?;
+    let mut info = device
+        .raw_status()
+        .with_context(|| format!("reading back the status of {}", path.display()))?;
+    let status = LoopStatus::from(info);
+    if !status.is_backed_by(meta.dev(), meta.ino()) {
+        bail!("{} is bound to another file than ours", path.display());
+    }
+    let required = options.info(false).lo_flags & (LO_FLAGS_READ_ONLY | LO_FLAGS_PARTSCAN);
+    if status.flags & required == required {
+        return Ok(status);
+    }
+    info.lo_flags |= required;
+    let fixed = device
+        .set_status(&info)
+        .and_then(|()| device.raw_status())
+        .map(LoopStatus::from);
+    match fixed {
+        Ok(status) if status.flags & required == required => Ok(status),
+        _ => {
+            let _ = device.clear();
+            bail!(
+                "the kernel did not apply the flags {:#x} to {} (it kept {:#x}); detached it again",
+                required,
+                path.display(),
+                status.flags
+            )
+        }
+    }
+}
+
+/// Randomised, growing pause so that racing allocators spread out.
+fn back_off(attempt: u32) {
+    let jitter = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.subsec_nanos() % 10_000)
+        .unwrap_or(0);
+    let base = 1_000 * u64::from(attempt.min(10) + 1);
+    std::thread::sleep(Duration::from_micros(base + u64::from(jitter)));
+}
+
+/// Whether a bound device actually does direct I/O.
+pub fn uses_direct_io(status: &LoopStatus) -> bool {
+    status.has(LO_FLAGS_DIRECT_IO)
+}

@@ -1,0 +1,266 @@
+//! Safe handles on `/dev/loop-control` and `/dev/loopN`.
+
+use std::fs::{File, OpenOptions};
+use std::os::fd::AsFd;
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result};
+use nix::errno::Errno;
+use nix::fcntl::{Flock, FlockArg};
+
+use super::sys::{self, LoopInfo64};
+
+pub const LOOP_CONTROL: &str = "/dev/loop-control";
+
+/// `/dev/loop-control`, locked: systemd's tools take this lock around
+/// allocating a device, so holding it keeps us from racing them.
+pub struct LockedControl {
+    control: Flock<File>,
+}
+
+impl LockedControl {
+    pub fn acquire() -> Result<Self> {
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .custom_flags(libc::O_CLOEXEC)
+            .open(LOOP_CONTROL)
+            .with_context(|| format!("opening {LOOP_CONTROL} (is the loop module available?)"))?;
+        let control = Flock::lock(file, FlockArg::LockExclusive)
+            .map_err(|(_, errno)| errno)
+            .with_context(|| format!("locking {LOOP_CONTROL}"))?;
+        Ok(Self { control })
+    }
+
+    /// The number of a free loop device (allocating one if needed).
+    pub fn get_free(&self) -> Result<u32> {
+        sys::ctl_get_free(self.control.as_fd()).context("asking the kernel for a free loop device")
+    }
+}
+
+/// What a bound loop device reports about itself.
+#[derive(Clone, Debug)]
+pub struct LoopStatus {
+    pub backing_dev: u64,
+    pub backing_inode: u64,
+    pub flags: u32,
+    pub reference: String,
+}
+
+impl From<LoopInfo64> for LoopStatus {
+    fn from(info: LoopInfo64) -> Self {
+        Self {
+            backing_dev: info.lo_device,
+            backing_inode: info.lo_inode,
+            flags: info.lo_flags,
+            reference: info.file_name(),
+        }
+    }
+}
+
+impl LoopStatus {
+    pub fn has(&self, flag: u32) -> bool {
+        self.flags & flag != 0
+    }
+
+    /// True when this device is backed by the file with this `stat`.
+    pub fn is_backed_by(&self, dev: u64, inode: u64) -> bool {
+        self.backing_dev == dev && self.backing_inode == inode
+    }
+}
+
+/// An open `/dev/loopN`.
+#[derive(Debug)]
+pub struct LoopDevice {
+    number: u32,
+    file: File,
+}
+
+impl LoopDevice {
+    pub fn path_of(number: u32) -> PathBuf {
+        PathBuf::from(format!("/dev/loop{number}"))
+    }
+
+    pub fn open(number: u32, writable: bool) -> Result<Self> {
+        Self::open_with(number, writable, 0)
+    }
+
+    /// Opens with `O_EXCL`: the kernel refuses (`EBUSY`) while a file
+    /// system, device mapper or another exclusive opener holds the device
+    /// or one of its partitions.
+    pub fn open_exclusive(number: u32) -> Result<Self, Errno> {
+        let path = Self::path_of(number);
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .custom_flags(libc::O_CLOEXEC | libc::O_EXCL)
+            .open(&path)
+            .map_err(|e| Errno::from_raw(e.raw_os_error().unwrap_or(libc::EIO)))?;
+        Ok(Self { number, file })
+    }
+
+    fn open_with(number: u32, writable: bool, flags: i32) -> Result<Self> {
+        let path = Self::path_of(number);
+        let file = OpenOptions::new()
+            .read(true)
+            .write(writable)
+            .custom_flags(libc::O_CLOEXEC | flags)
+            .open(&path)
+            .with_context(|| format!("opening {}", path.display()))?;
+        Ok(Self { number, file })
+    }
+
+    pub fn number(&self) -> u32 {
+        self.number
+    }
+
+    pub fn path(&self) -> PathBuf {
+        Self::path_of(self.number)
+    }
+
+    pub fn file(&self) -> &File {
+        &self.file
+    }
+
+    /// `None` when nothing is attached.
+    pub fn status(&self) -> Result<Option<LoopStatus>> {
+        match sys::get_status(self.file.as_fd()) {
+            Ok(info) => Ok(Some(info.into())),
+            Err(Errno::ENXIO) => Ok(None),
+            Err(e) => {
+                Err(e).with_context(|| format!("reading the status of {}", self.path().display()))
+            }
+        }
+    }
+
+    /// Takes a BSD lock on the device node. udev skips devices that are
+    /// locked, so it does not probe one we are still configuring.
+    pub fn lock(self) -> Result<LockedLoopDevice> {
+        let number = self.number;
+        let file = Flock::lock(self.file, FlockArg::LockExclusive)
+            .map_err(|(_, errno)| errno)
+            .with_context(|| format!("locking {}", Self::path_of(number).display()))?;
+        Ok(LockedLoopDevice { number, file })
+    }
+}
+
+/// A loop device held under its BSD lock for as long as the value lives.
+pub struct LockedLoopDevice {
+    number: u32,
+    file: Flock<File>,
+}
+
+impl LockedLoopDevice {
+    pub fn number(&self) -> u32 {
+        self.number
+    }
+
+    pub fn path(&self) -> PathBuf {
+        LoopDevice::path_of(self.number)
+    }
+
+    pub fn status(&self) -> Result<Option<LoopStatus>, Errno> {
+        match sys::get_status(self.file.as_fd()) {
+            Ok(info) => Ok(Some(info.into())),
+            Err(Errno::ENXIO) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    pub fn configure(&self, backing: &File, info: LoopInfo64) -> Result<(), Errno> {
+        sys::configure(
+            self.file.as_fd(),
+            &sys::LoopConfig::new(backing.as_fd(), info),
+        )
+    }
+
+    /// The pre-5.8 way: bind, then set the status in a second step.
+    pub fn set_fd_then_status(&self, backing: &File, info: &LoopInfo64) -> Result<(), Errno> {
+        sys::set_fd(self.file.as_fd(), backing.as_fd())?;
+        sys::set_status(self.file.as_fd(), info).inspect_err(|_| {
+            // Do not leave a half-configured device behind.
+            let _ = sys::clear_fd(self.file.as_fd());
+        })
+    }
+
+    pub fn set_status(&self, info: &LoopInfo64) -> Result<(), Errno> {
+        sys::set_status(self.file.as_fd(), info)
+    }
+
+    pub fn raw_status(&self) -> Result<LoopInfo64, Errno> {
+        sys::get_status(self.file.as_fd())
+    }
+
+    pub fn clear(&self) -> Result<(), Errno> {
+        sys::clear_fd(self.file.as_fd())
+    }
+
+    pub fn set_capacity(&self) -> Result<(), Errno> {
+        sys::set_capacity(self.file.as_fd())
+    }
+}
+
+/// Numbers of the loop devices that currently have a backing file.
+/// sysfs shows `loopN/loop/` only while a device is bound, which avoids
+/// opening every idle device node.
+pub fn bound_devices() -> Result<Vec<u32>> {
+    let mut numbers = Vec::new();
+    let listing = std::fs::read_dir("/sys/block").context("listing /sys/block")?;
+    for entry in listing {
+        let entry = entry.context("listing /sys/block")?;
+        let name = entry.file_name();
+        let Some(number) = name
+            .to_str()
+            .and_then(|n| n.strip_prefix("loop"))
+            .and_then(|n| n.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        if entry.path().join("loop").is_dir() {
+            numbers.push(number);
+        }
+    }
+    numbers.sort_unstable();
+    Ok(numbers)
+}
+
+/// The status of every bound loop device. Devices that vanish or unbind
+/// while we look are skipped: the answer is a snapshot either way.
+pub fn bound_statuses() -> Result<Vec<(u32, LoopStatus)>> {
+    let mut found = Vec::new();
+    for number in bound_devices()? {
+        let Ok(device) = LoopDevice::open(number, false) else {
+            continue;
+        };
+        if let Ok(Some(status)) = device.status() {
+            found.push((number, status));
+        }
+    }
+    Ok(found)
+}
+
+/// Loop devices backed by the file at `path` (matched by device + inode,
+/// never by path, which can be renamed or re-created).
+pub fn devices_backed_by(path: &Path) -> Result<Vec<u32>> {
+    let meta = std::fs::metadata(path).with_context(|| format!("inspecting {}", path.display()))?;
+    Ok(bound_statuses()?
+        .into_iter()
+        .filter(|(_, status)| status.is_backed_by(meta.dev(), meta.ino()))
+        .map(|(number, _)| number)
+        .collect())
+}
+
+/// The loop number of a `/dev/loopN` or `/dev/loopNpM` device, resolving a
+/// partition to its parent through sysfs.
+pub fn parent_loop_of(device: &Path) -> Option<u32> {
+    let name = device.file_name()?.to_str()?;
+    let sys = Path::new("/sys/class/block").join(name);
+    let whole = if sys.join("partition").exists() {
+        let resolved = std::fs::canonicalize(&sys).ok()?;
+        resolved.parent()?.file_name()?.to_str()?.to_string()
+    } else {
+        name.to_string()
+    };
+    whole.strip_prefix("loop")?.parse().ok()
+}

@@ -1,0 +1,12 @@
+//! The loop device engine: kernel ioctls behind safe handles, allocation
+//! of a free device, and look-ups of the devices that back a file.
+
+mod allocate;
+mod device;
+pub mod sys;
+
+pub use allocate::{bind_to_free_device, uses_direct_io, BindOptions, Bound};
+pub use device::{
+    bound_devices, bound_statuses, devices_backed_by, parent_loop_of, LockedLoopDevice, LoopDevice,
+    LoopStatus, LOOP_CONTROL,
+};

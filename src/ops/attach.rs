@@ -1,0 +1,201 @@
+//! `sparse-volume attach U`: the unit's ExecStart, usable by hand.
+
+use std::fs::File;
+use std::os::unix::fs::MetadataExt;
+use std::path::PathBuf;
+
+use anyhow::{anyhow, bail, Context, Result};
+use serde::Serialize;
+
+use crate::backing::open_backing_file;
+use crate::loopdev::sys::{LO_FLAGS_PARTSCAN, LO_FLAGS_READ_ONLY};
+use crate::loopdev::{self, BindOptions, LoopDevice, LoopStatus};
+use crate::paths::SystemRoot;
+use crate::probe::{probe, Content};
+use crate::registry::{Mode, Registry, Volume};
+use crate::udev::{wait_for_link, LinkOutcome};
+use crate::volume_id::VolumeId;
+
+#[derive(Debug, Serialize)]
+pub struct AttachReport {
+    pub changed: bool,
+    pub uuid: String,
+    pub device: PathBuf,
+    /// Block mode: the partition device consumers use.
+    pub partition: Option<PathBuf>,
+    pub link: PathBuf,
+    /// `linked`, or `no-udev` when no udev runs to make the link.
+    pub link_state: &'static str,
+    pub direct_io: bool,
+    pub read_only: bool,
+    pub warnings: Vec<String>,
+}
+
+impl AttachReport {
+    pub fn human(&self) -> String {
+        let mut text = if self.changed {
+            format!("attached {} as {}", self.uuid, self.device.display())
+        } else {
+            format!(
+                "{} was already attached as {}",
+                self.uuid,
+                self.device.display()
+            )
+        };
+        if self.link_state == "no-udev" {
+            text.push_str(&format!(
+                " (udev is not running: not waiting for {})",
+                self.link.display()
+            ));
+        }
+        text
+    }
+}
+
+pub fn attach(root: &SystemRoot, id: &VolumeId) -> Result<AttachReport> {
+    let registry = Registry::open(root.clone())?;
+    let volume = registry.get(id)?.ok_or_else(|| {
+        anyhow!(
+            "the volume is not registered (no {})",
+            root.volume_file(id).display()
+        )
+    })?;
+    let _lock = Registry::volume_lock(root, id)?;
+
+    let path = root.host_path(&volume.path);
+    let backing = open_backing_file(&path, volume.read_only)?;
+    verify_content(&backing, &volume, &path)?;
+    let mut warnings = size_warning(&backing, &volume)
+        .into_iter()
+        .collect::<Vec<_>>();
+
+    let meta = backing.metadata().context("inspecting the backing file")?;
+    let existing: Vec<(u32, LoopStatus)> = loopdev::bound_statuses()?
+        .into_iter()
+        .filter(|(_, status)| status.is_backed_by(meta.dev(), meta.ino()))
+        .collect();
+
+    let (number, status, changed) = match existing.split_first() {
+        Some(((number, status), duplicates)) => {
+            for (other, _) in duplicates {
+                warnings.push(format!(
+                    "{} is a second loop device for the same file; `sparse-volume check --repair` removes it",
+                    LoopDevice::path_of(*other).display()
+                ));
+            }
+            warnings.extend(flag_mismatches(status, &volume));
+            (*number, status.clone(), false)
+        }
+        None => {
+            let options = BindOptions {
+                read_only: volume.read_only,
+                partition_scan: volume.mode.is_block(),
+                direct_io: volume.direct_io,
+                reference: id.loop_reference(),
+            };
+            let bound = loopdev::bind_to_free_device(&backing, &options)?;
+            if volume.direct_io && !loopdev::uses_direct_io(&bound.status) {
+                warnings.push(
+                    "the backing file system does not support direct I/O; using buffered I/O"
+                        .into(),
+                );
+            }
+            (bound.number, bound.status, true)
+        }
+    };
+
+    let device = LoopDevice::path_of(number);
+    let partition = volume
+        .mode
+        .is_block()
+        .then(|| PathBuf::from(format!("{}p1", device.display())));
+    let link = volume.mode.udev_link(id);
+    let target = partition.clone().unwrap_or_else(|| device.clone());
+    let timeout = registry.config().udev_timeout;
+    let link_state = match wait_for_link(&link, &target, timeout) {
+        LinkOutcome::Linked => "linked",
+        LinkOutcome::NoUdev => "no-udev",
+        LinkOutcome::TimedOut { points_to } => bail!(
+            "{} is attached, but udev did not point {} at {} within {} s{}",
+            device.display(),
+            link.display(),
+            target.display(),
+            timeout.as_secs(),
+            points_to.map_or(String::new(), |p| format!(
+                " (it points at {})",
+                p.display()
+            ))
+        ),
+    };
+
+    Ok(AttachReport {
+        changed,
+        uuid: id.to_string(),
+        device,
+        partition,
+        link,
+        link_state,
+        direct_io: loopdev::uses_direct_io(&status),
+        read_only: status.has(LO_FLAGS_READ_ONLY),
+        warnings,
+    })
+}
+
+/// The content must carry the volume's UUID: attaching someone else's data
+/// under this volume's name would hand it to the wrong consumer.
+fn verify_content(backing: &File, volume: &Volume, path: &std::path::Path) -> Result<()> {
+    let content = probe(backing).with_context(|| format!("reading {}", path.display()))?;
+    let uuid = volume.id.uuid();
+    let matches = match (&volume.mode, &content) {
+        (
+            Mode::Filesystem { fs_type, .. },
+            Content::Filesystem {
+                fs_type: found,
+                uuid: found_uuid,
+            },
+        ) => fs_type == found && *found_uuid == uuid,
+        (Mode::Block, Content::PartitionTable { partitions }) => partitions
+            .iter()
+            .any(|(number, guid)| *number == 1 && *guid == uuid),
+        _ => false,
+    };
+    if !matches {
+        let expected = match &volume.mode {
+            Mode::Filesystem { fs_type, .. } => {
+                format!("an {fs_type} file system with UUID {uuid}")
+            }
+            Mode::Block => format!("a GPT whose partition 1 has GUID {uuid}"),
+        };
+        bail!(
+            "backing file {} holds {}, not {}",
+            path.display(),
+            content.describe(),
+            expected
+        );
+    }
+    Ok(())
+}
+
+fn size_warning(backing: &File, volume: &Volume) -> Option<String> {
+    let actual = backing.metadata().ok()?.len();
+    (actual != volume.size).then(|| {
+        format!(
+            "the backing file is {actual} bytes but the registry records {}; `sparse-volume check` reports it",
+            volume.size
+        )
+    })
+}
+
+fn flag_mismatches(status: &LoopStatus, volume: &Volume) -> Vec<String> {
+    let mut warnings = Vec::new();
+    if volume.read_only && !status.has(LO_FLAGS_READ_ONLY) {
+        warnings
+            .push("the existing loop device is writable although the volume is read-only".into());
+    }
+    if volume.mode.is_block() && !status.has(LO_FLAGS_PARTSCAN) {
+        warnings.push(
+            "the existing loop device does not scan partitions; detach and attach again".into(),
+        );
+    }
+    warnings
+}

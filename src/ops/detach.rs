@@ -1,0 +1,190 @@
+//! `sparse-volume detach U`: the unit's ExecStop. Works without the
+//! registry, so a volume can be torn down after its configuration is gone.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Result};
+use nix::errno::Errno;
+use serde::Serialize;
+
+use crate::inuse::users_of_loop;
+use crate::loopdev::{self, sys::LO_FLAGS_AUTOCLEAR, LoopDevice};
+use crate::paths::SystemRoot;
+use crate::registry::{Config, Registry};
+use crate::volume_id::VolumeId;
+
+#[derive(Debug, Serialize)]
+pub struct DetachReport {
+    pub changed: bool,
+    pub uuid: String,
+    pub devices: Vec<PathBuf>,
+    /// How the devices were found: `backing-file`, `reference`,
+    /// `udev-link`, or null when nothing was attached.
+    pub found_by: Option<&'static str>,
+}
+
+impl DetachReport {
+    pub fn human(&self) -> String {
+        if self.devices.is_empty() {
+            return format!("{} is not attached", self.uuid);
+        }
+        let devices: Vec<_> = self
+            .devices
+            .iter()
+            .map(|d| d.display().to_string())
+            .collect();
+        format!("detached {} ({})", self.uuid, devices.join(", "))
+    }
+}
+
+pub fn detach(root: &SystemRoot, id: &VolumeId) -> Result<DetachReport> {
+    let _lock = Registry::volume_lock(root, id)?;
+    let (numbers, found_by) = find_devices(root, id)?;
+    for &number in &numbers {
+        detach_device(number)?;
+    }
+    Ok(DetachReport {
+        changed: !numbers.is_empty(),
+        uuid: id.to_string(),
+        devices: numbers.iter().map(|&n| LoopDevice::path_of(n)).collect(),
+        found_by: (!numbers.is_empty()).then_some(found_by),
+    })
+}
+
+/// Where the backing file may be: the registry's path if the entry still
+/// reads, and the default file name in every storage root.
+fn candidate_backing_files(root: &SystemRoot, id: &VolumeId) -> Vec<PathBuf> {
+    let registry = Registry::open(root.clone());
+    let config = registry
+        .as_ref()
+        .map(|r| r.config().clone())
+        .unwrap_or_else(|_| Config::default());
+    let mut paths = Vec::new();
+    if let Ok(Some(volume)) = registry
+        .as_ref()
+        .map_err(|_| ())
+        .and_then(|r| r.get(id).map_err(|_| ()))
+    {
+        paths.push(root.host_path(&volume.path));
+    }
+    for storage_root in &config.storage_roots {
+        paths.push(root.host_path(storage_root.join(id.to_string())));
+    }
+    paths
+}
+
+/// The devices of this volume, by the most reliable evidence available.
+pub fn find_devices(root: &SystemRoot, id: &VolumeId) -> Result<(Vec<u32>, &'static str)> {
+    let statuses = loopdev::bound_statuses()?;
+
+    let mut by_file = Vec::new();
+    for path in candidate_backing_files(root, id) {
+        if let Ok(meta) = std::fs::metadata(&path) {
+            use std::os::unix::fs::MetadataExt;
+            by_file.extend(
+                statuses
+                    .iter()
+                    .filter(|(_, s)| s.is_backed_by(meta.dev(), meta.ino()))
+                    .map(|(n, _)| *n),
+            );
+        }
+    }
+    by_file.sort_unstable();
+    by_file.dedup();
+    if !by_file.is_empty() {
+        return Ok((by_file, "backing-file"));
+    }
+
+    let reference = id.loop_reference();
+    let by_reference: Vec<u32> = statuses
+        .iter()
+        .filter(|(_, s)| s.reference == reference)
+        .map(|(n, _)| *n)
+        .collect();
+    if !by_reference.is_empty() {
+        return Ok((by_reference, "reference"));
+    }
+
+    let mut by_link = Vec::new();
+    for link in [
+        format!("/dev/disk/by-uuid/{id}"),
+        format!("/dev/disk/by-partuuid/{id}"),
+    ] {
+        if let Some(number) = std::fs::canonicalize(&link)
+            .ok()
+            .as_deref()
+            .and_then(loopdev::parent_loop_of)
+        {
+            if statuses.iter().any(|(n, _)| *n == number) {
+                by_link.push(number);
+            }
+        }
+    }
+    by_link.dedup();
+    Ok((by_link, "udev-link"))
+}
+
+/// How long a device may stay bound after `LOOP_CLR_FD` while a brief
+/// opener (udev's probe, `blkid`) lets go.
+const RELEASE_GRACE: Duration = Duration::from_secs(3);
+
+fn detach_device(number: u32) -> Result<()> {
+    let path = LoopDevice::path_of(number);
+    // O_EXCL makes the kernel answer "is it mounted or held?" atomically
+    // and keeps anyone from mounting it while we tear it down.
+    let device = match LoopDevice::open_exclusive(number) {
+        Ok(device) => device.lock()?,
+        Err(Errno::ENOENT | Errno::ENXIO) => return Ok(()),
+        Err(Errno::EBUSY) => {
+            let users = users_of_loop(number);
+            if users.is_empty() {
+                bail!(
+                    "{} is in use (opened exclusively by another program)",
+                    path.display()
+                );
+            }
+            bail!(
+                "{} is in use: {}; unmount it first",
+                path.display(),
+                users.join("; ")
+            );
+        }
+        Err(errno) => bail!("opening {}: {errno}", path.display()),
+    };
+    match device.status() {
+        Ok(None) => return Ok(()),
+        Ok(Some(_)) => {}
+        Err(errno) => bail!("reading the status of {}: {errno}", path.display()),
+    }
+    if let Err(errno) = device.clear() {
+        bail!("detaching {}: {errno}", path.display());
+    }
+    // Current kernels finish the detach when the last opener closes the
+    // device, which should be us.
+    drop(device);
+    wait_until_released(number, &path)
+}
+
+fn wait_until_released(number: u32, path: &Path) -> Result<()> {
+    let deadline = Instant::now() + RELEASE_GRACE;
+    loop {
+        let status = match LoopDevice::open(number, false) {
+            Ok(device) => device.status()?,
+            Err(_) => None,
+        };
+        match status {
+            None => return Ok(()),
+            Some(status) if Instant::now() >= deadline => {
+                if status.has(LO_FLAGS_AUTOCLEAR) {
+                    bail!(
+                        "{} is still open by another program; the kernel will detach it when that program closes it",
+                        path.display()
+                    );
+                }
+                bail!("{} is still attached after LOOP_CLR_FD", path.display());
+            }
+            Some(_) => std::thread::sleep(Duration::from_millis(50)),
+        }
+    }
+}

@@ -1,0 +1,175 @@
+//! What a backing file or device holds, read from its first blocks:
+//! the identities sparse-volume relies on (ext4/xfs UUID, GPT partition
+//! GUIDs), never more.
+
+use std::fs::File;
+use std::os::unix::fs::FileExt;
+
+use anyhow::{Context, Result};
+use gpt::disk::LogicalBlockSize;
+use uuid::Uuid;
+
+use crate::registry::FsType;
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Content {
+    Filesystem {
+        fs_type: FsType,
+        uuid: Uuid,
+    },
+    /// A GPT; `partitions` are (number, unique partition GUID).
+    PartitionTable {
+        partitions: Vec<(u32, Uuid)>,
+    },
+    /// No signature we know (which is not proof of emptiness).
+    Unrecognised,
+}
+
+impl Content {
+    pub fn describe(&self) -> String {
+        match self {
+            Content::Filesystem { fs_type, uuid } => {
+                format!("an {fs_type} file system with UUID {uuid}")
+            }
+            Content::PartitionTable { partitions } => match partitions.first() {
+                Some((number, guid)) => format!("a GPT whose partition {number} has GUID {guid}"),
+                None => "a GPT without partitions".to_string(),
+            },
+            Content::Unrecognised => "no recognised file system or partition table".to_string(),
+        }
+    }
+}
+
+const EXT_SUPERBLOCK: u64 = 1024;
+const EXT_MAGIC_OFFSET: usize = 0x38;
+const EXT_UUID_OFFSET: usize = 0x68;
+const EXT_MAGIC: u16 = 0xEF53;
+const XFS_MAGIC: &[u8; 4] = b"XFSB";
+const XFS_UUID_OFFSET: usize = 32;
+
+/// Reads the signatures at the start of `file` (a regular file or a block
+/// device; both are read the same way).
+pub fn probe(file: &File) -> Result<Content> {
+    if let Some(content) = probe_filesystem(file)? {
+        return Ok(content);
+    }
+    Ok(probe_gpt(file).unwrap_or(Content::Unrecognised))
+}
+
+fn probe_filesystem(file: &File) -> Result<Option<Content>> {
+    let mut head = [0u8; 4096];
+    let length = read_up_to(file, &mut head, 0)?;
+    let head = &head[..length];
+
+    if head.len() >= XFS_UUID_OFFSET + 16 && &head[..4] == XFS_MAGIC {
+        return Ok(Some(Content::Filesystem {
+            fs_type: FsType::Xfs,
+            uuid: uuid_at(head, XFS_UUID_OFFSET),
+        }));
+    }
+    let superblock = EXT_SUPERBLOCK as usize;
+    if head.len() >= superblock + EXT_UUID_OFFSET + 16 {
+        let ext = &head[superblock..];
+        let magic = u16::from_le_bytes([ext[EXT_MAGIC_OFFSET], ext[EXT_MAGIC_OFFSET + 1]]);
+        if magic == EXT_MAGIC {
+            return Ok(Some(Content::Filesystem {
+                fs_type: FsType::Ext4,
+                uuid: uuid_at(ext, EXT_UUID_OFFSET),
+            }));
+        }
+    }
+    Ok(None)
+}
+
+fn uuid_at(buffer: &[u8], offset: usize) -> Uuid {
+    let mut bytes = [0u8; 16];
+    bytes.copy_from_slice(&buffer[offset..offset + 16]);
+    Uuid::from_bytes(bytes)
+}
+
+/// GPT headers store GUIDs in mixed-endian form; the `gpt` crate decodes
+/// them into the same `Uuid` that udev prints in `by-partuuid`.
+fn probe_gpt(file: &File) -> Option<Content> {
+    let disk = gpt::GptConfig::new()
+        .writable(false)
+        .logical_block_size(LogicalBlockSize::Lb512)
+        .open_from_device(file)
+        .ok()?;
+    let partitions = disk
+        .partitions()
+        .iter()
+        .filter(|(_, p)| p.is_used())
+        .map(|(number, p)| (*number, p.part_guid))
+        .collect();
+    Some(Content::PartitionTable { partitions })
+}
+
+fn read_up_to(file: &File, buffer: &mut [u8], offset: u64) -> Result<usize> {
+    let mut filled = 0;
+    while filled < buffer.len() {
+        let n = file
+            .read_at(&mut buffer[filled..], offset + filled as u64)
+            .context("reading the volume's first blocks")?;
+        if n == 0 {
+            break;
+        }
+        filled += n;
+    }
+    Ok(filled)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+
+    fn file_with(bytes_at: &[(usize, &[u8])], len: usize) -> File {
+        let mut image = vec![0u8; len];
+        for (offset, bytes) in bytes_at {
+            image[*offset..offset + bytes.len()].copy_from_slice(bytes);
+        }
+        let mut file = tempfile::tempfile().unwrap();
+        file.write_all(&image).unwrap();
+        file
+    }
+
+    const UUID: &str = "6f1c2a8e-3b4d-4e5f-8a9b-0c1d2e3f4a5b";
+
+    #[test]
+    fn reads_ext4_identity() {
+        let uuid = Uuid::parse_str(UUID).unwrap();
+        let file = file_with(
+            &[(1024 + 0x38, &[0x53, 0xEF]), (1024 + 0x68, uuid.as_bytes())],
+            8192,
+        );
+        assert_eq!(
+            probe(&file).unwrap(),
+            Content::Filesystem {
+                fs_type: FsType::Ext4,
+                uuid
+            }
+        );
+    }
+
+    #[test]
+    fn reads_xfs_identity() {
+        let uuid = Uuid::parse_str(UUID).unwrap();
+        let file = file_with(&[(0, b"XFSB"), (32, uuid.as_bytes())], 8192);
+        assert_eq!(
+            probe(&file).unwrap(),
+            Content::Filesystem {
+                fs_type: FsType::Xfs,
+                uuid
+            }
+        );
+    }
+
+    #[test]
+    fn zeros_and_short_files_are_unrecognised() {
+        assert_eq!(
+            probe(&file_with(&[], 1 << 20)).unwrap(),
+            Content::Unrecognised
+        );
+        assert_eq!(probe(&file_with(&[], 100)).unwrap(), Content::Unrecognised);
+    }
+}

@@ -1,0 +1,511 @@
+# shellcheck shell=bash
+# Test VM harness of sparse-volume: a Debian 12 guest under qemu, driven
+# over SSH. Source this file from bash (it sets no shell options itself):
+#
+#   . tests/vm/lib.sh
+#   trap vm_cleanup EXIT
+#   vm_start 1G                 # builds or reuses the image, boots, waits for SSH
+#   vm_ssh 'uname -r'
+#   vm_reboot
+#   vm_stop
+#
+# Call vm_start in the main shell, not in $(...) or a pipeline: it sets the
+# globals the other functions use. Every function logs to stderr with a
+# timestamp and returns non-zero on failure (after printing the tail of the
+# guest's serial console when there is one). See README.md beside this file.
+
+SV_VM_LIB_DIR=$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")" && pwd)
+
+# Settings (environment variables; defaults below).
+: "${SV_VM_CACHE:=/var/cache/sparse-volume-vm}"  # where base images are kept
+: "${SV_VM_REBUILD:=0}"            # 1: rebuild the image even if cached
+: "${SV_VM_ACCEL:=auto}"           # auto | tcg | kvm
+: "${SV_VM_MEM:=2048}"             # guest memory, MiB
+: "${SV_VM_CPUS:=2}"               # guest vCPUs
+: "${SV_VM_DATA_DISKS:=}"          # sizes of extra disks, e.g. "1G 512M"
+: "${SV_VM_BOOT_TIMEOUT:=180}"     # s until SSH must answer after qemu starts
+: "${SV_VM_KVM_PROBE_TIMEOUT:=40}" # s a KVM boot gets before auto falls back to TCG
+: "${SV_VM_REBOOT_TIMEOUT:=180}"   # s for a reboot cycle
+: "${SV_VM_STOP_TIMEOUT:=60}"      # s for a clean poweroff before qemu is killed
+: "${SV_VM_SERIAL_TAIL:=40}"       # lines of serial console shown on failure
+: "${SV_VM_KEEP:=0}"               # 1: vm_cleanup keeps the run directory
+
+# State, set by vm_image_build and vm_start.
+SV_VM_IMAGE=""        # cache directory of the base image in use
+SV_VM_RUN=""          # run directory: overlay, disks, pid, QMP socket, logs
+SV_VM_PID=""          # pid of the qemu process this shell started
+SV_VM_PORT=""         # host port (127.0.0.1) forwarded to the guest's sshd
+SV_VM_ACCEL_USED=""   # accelerator of the running VM: tcg or kvm
+SV_VM_SSH_OPTS=()     # ssh/scp options (key, no host key checks, timeouts)
+SV_VM_SSH_CMD=()      # ssh command line up to (and including) the "--"
+
+# ---------------------------------------------------------------- logging
+
+vm_log() { printf '%s vm: %s\n' "$(date +%T.%3N)" "$*" >&2; }
+
+vm__now_ms() { echo $(($(date +%s%N) / 1000000)); }
+
+# Seconds since a vm__now_ms value, with one decimal: "12.3s".
+vm__since() {
+    local ms=$(($(vm__now_ms) - $1))
+    printf '%d.%ds' $((ms / 1000)) $((ms % 1000 / 100))
+}
+
+# vm_serial_tail [LINES]: prints the end of the guest's serial console log.
+vm_serial_tail() {
+    local lines=${1:-$SV_VM_SERIAL_TAIL} file=${SV_VM_RUN:+$SV_VM_RUN/serial.log}
+    [[ -n $file && -s $file ]] || return 0
+    vm_log "last $lines lines of the serial console ($file):"
+    tail -n "$lines" "$file" | tr -d '\r' | sed 's/^/    | /' >&2
+}
+
+vm__fail() {
+    vm_log "ERROR: $*"
+    vm_serial_tail
+    if [[ -n $SV_VM_RUN && -s $SV_VM_RUN/qemu.log ]]; then
+        vm_log "qemu's own output:"
+        sed 's/^/    | /' "$SV_VM_RUN/qemu.log" >&2
+    fi
+    return 1
+}
+
+# ------------------------------------------------------------------ image
+
+# The cache key: a hash of the files that define the image.
+vm__recipe_hash() {
+    (cd -- "$SV_VM_LIB_DIR" && sha256sum build-image.sh packages.txt) |
+        sha256sum | cut -c1-16
+}
+
+vm__use_image() {
+    SV_VM_IMAGE=$1
+    # shellcheck source=/dev/null
+    . "$SV_VM_IMAGE/image.env"
+}
+
+# vm_image_build: builds the base image, or reuses the cached one, and
+# makes it the one vm_start boots. Builds go to a temporary directory that
+# is renamed into place only when complete, under a lock.
+vm_image_build() {
+    local hash dir start lock_fd
+    hash=$(vm__recipe_hash) || return 1
+    dir=$SV_VM_CACHE/$hash
+    if [[ $SV_VM_REBUILD != 1 && -f $dir/image.env ]]; then
+        vm_log "image: cache hit, $dir"
+        vm__use_image "$dir"
+        return 0
+    fi
+    mkdir -p -- "$SV_VM_CACHE" || return 1
+    exec {lock_fd}>"$SV_VM_CACHE/.lock" || return 1
+    if ! flock -n "$lock_fd"; then
+        vm_log "image: waiting for another build ($SV_VM_CACHE/.lock)"
+        flock "$lock_fd" || { exec {lock_fd}>&-; return 1; }
+    fi
+    if [[ $SV_VM_REBUILD != 1 && -f $dir/image.env ]]; then
+        vm_log "image: built meanwhile by another process, $dir"
+    else
+        start=$(vm__now_ms)
+        vm_log "image: cache miss, building $dir"
+        if ! vm__build_locked "$hash" "$dir"; then
+            exec {lock_fd}>&-
+            vm_log "ERROR: image build failed after $(vm__since "$start")"
+            return 1
+        fi
+        vm_log "image: built in $(vm__since "$start"), $dir"
+    fi
+    exec {lock_fd}>&-
+    vm__use_image "$dir"
+}
+
+# Runs with the cache lock held.
+vm__build_locked() {
+    local hash=$1 dir=$2 tmp old
+    # Left-overs of killed builds: nobody else can be building now.
+    rm -rf -- "$SV_VM_CACHE"/.build-* "$SV_VM_CACHE"/.old-*
+    tmp=$(mktemp -d "$SV_VM_CACHE/.build-$hash.XXXXXX") || return 1
+    if ! bash "$SV_VM_LIB_DIR/build-image.sh" "$tmp"; then
+        rm -rf -- "$tmp"
+        return 1
+    fi
+    if [[ -e $dir ]]; then
+        old=$SV_VM_CACHE/.old-$hash.$$
+        mv -T -- "$dir" "$old" || return 1
+        mv -T -- "$tmp" "$dir" || return 1
+        rm -rf -- "$old"
+    else
+        mv -T -- "$tmp" "$dir" || return 1
+    fi
+}
+
+# ------------------------------------------------------------------- qemu
+
+# True while the qemu of this run is alive (a zombie or a recycled pid
+# whose command line does not name our run directory does not count).
+vm__qemu_alive() {
+    local pid=${1:-$SV_VM_PID} cmdline
+    [[ -n $pid && -r /proc/$pid/cmdline ]] || return 1
+    cmdline=$(tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null) || return 1
+    [[ -n $SV_VM_RUN && $cmdline == *"$SV_VM_RUN/"* ]]
+}
+
+vm__port_in_use() {
+    local hex
+    hex=$(printf '%04X' "$1")
+    grep -qs ":$hex " /proc/net/tcp /proc/net/tcp6
+}
+
+vm__free_port() {
+    local port try
+    for try in {1..100}; do
+        port=$((20000 + (RANDOM * 32768 + RANDOM) % 40000))
+        if ! vm__port_in_use "$port"; then
+            echo "$port"
+            return 0
+        fi
+    done
+    vm_log "ERROR: no free TCP port found (tried $try)"
+    return 1
+}
+
+# Creates the run's disks: a fresh overlay on the base image, and empty
+# (sparse) data disks of the given sizes.
+vm__make_disks() {
+    local i=1 size
+    rm -f -- "$SV_VM_RUN"/root.qcow2 "$SV_VM_RUN"/data*.raw
+    qemu-img create -q -f qcow2 -F qcow2 -b "$SV_VM_IMAGE/root.qcow2" \
+        "$SV_VM_RUN/root.qcow2" || return 1
+    for size in "$@"; do
+        truncate -s "$size" "$SV_VM_RUN/data$i.raw" || return 1
+        i=$((i + 1))
+    done
+}
+
+# The qemu command line for accelerator $1 and the disks of the run.
+# Disks are explicit virtio-blk devices in a fixed order: vda is the root
+# disk (serial sv-root), vdb, vdc... the data disks (serial sv-dataN, so
+# /dev/disk/by-id/virtio-sv-dataN in the guest).
+vm__qemu_cmd() {
+    local accel=$1 cpu=max disk i=1
+    [[ $accel == kvm ]] && cpu=host
+    VM__QEMU=(
+        qemu-system-x86_64 -name sparse-volume-test -nodefaults -no-user-config
+        -machine q35 -accel "$accel" -cpu "$cpu" -smp "$SV_VM_CPUS" -m "$SV_VM_MEM"
+        -display none -serial "file:$SV_VM_RUN/serial.log"
+        -qmp "unix:$SV_VM_RUN/qmp.sock,server=on,wait=off"
+        -kernel "$SV_VM_IMAGE/vmlinuz" -initrd "$SV_VM_IMAGE/initrd.img"
+        -append "root=UUID=$SV_VM_ROOT_UUID ro console=ttyS0,115200 net.ifnames=0"
+        -drive "if=none,id=root,format=qcow2,file=$SV_VM_RUN/root.qcow2,cache=unsafe"
+        -device "virtio-blk-pci,drive=root,serial=sv-root"
+    )
+    for disk in "$SV_VM_RUN"/data*.raw; do
+        [[ -e $disk ]] || continue
+        VM__QEMU+=(
+            -drive "if=none,id=data$i,format=raw,file=$disk,cache=unsafe"
+            -device "virtio-blk-pci,drive=data$i,serial=sv-data$i"
+        )
+        i=$((i + 1))
+    done
+    VM__QEMU+=(
+        -netdev "user,id=net0,restrict=on,hostfwd=tcp:127.0.0.1:$SV_VM_PORT-:22"
+        -device "virtio-net-pci,netdev=net0"
+        -device virtio-rng-pci
+    )
+}
+
+# Starts qemu in the background; fails if it exits within its first second
+# (bad option, port taken, accelerator refused).
+vm__launch() {
+    local accel=$1
+    vm__qemu_cmd "$accel"
+    : >"$SV_VM_RUN/serial.log"
+    "${VM__QEMU[@]}" </dev/null >"$SV_VM_RUN/qemu.log" 2>&1 &
+    SV_VM_PID=$!
+    echo "$SV_VM_PID" >"$SV_VM_RUN/qemu.pid"
+    echo "$SV_VM_PORT" >"$SV_VM_RUN/ssh.port"
+    sleep 1
+    vm__qemu_alive
+}
+
+# Kills the qemu of this run (TERM, then KILL) and reaps it.
+vm__kill_qemu() {
+    local pid=$SV_VM_PID i
+    [[ -n $pid ]] || return 0
+    if vm__qemu_alive "$pid"; then
+        kill -TERM "$pid" 2>/dev/null || true
+        for i in {1..50}; do
+            vm__qemu_alive "$pid" || break
+            sleep 0.2
+        done
+        if vm__qemu_alive "$pid"; then
+            kill -KILL "$pid" 2>/dev/null || true
+            sleep 0.2
+        fi
+    fi
+    wait "$pid" 2>/dev/null || true # reap it, if it is our child
+    SV_VM_PID=""
+    rm -f -- "$SV_VM_RUN/qemu.pid"
+}
+
+# ssh options fit for a throw-away guest behind a forwarded port.
+vm__set_ssh_cmd() {
+    SV_VM_SSH_OPTS=(
+        -F /dev/null -i "$SV_VM_IMAGE/id_ed25519"
+        -o IdentitiesOnly=yes -o BatchMode=yes
+        -o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null
+        -o GlobalKnownHostsFile=/dev/null -o LogLevel=ERROR
+        -o ConnectTimeout=10 -o ServerAliveInterval=5 -o ServerAliveCountMax=3
+    )
+    SV_VM_SSH_CMD=(ssh "${SV_VM_SSH_OPTS[@]}" -p "$SV_VM_PORT" root@127.0.0.1 --)
+}
+
+# One bounded attempt: does the guest's sshd answer, and with which boot_id?
+vm__try_boot_id() {
+    timeout 30 "${SV_VM_SSH_CMD[@]}" cat /proc/sys/kernel/random/boot_id \
+        </dev/null 2>/dev/null
+}
+
+# vm__wait_ssh TIMEOUT [OLD_BOOT_ID]: waits until SSH answers (with a
+# boot_id other than OLD_BOOT_ID, if given). Fails early if qemu exits.
+vm__wait_ssh() {
+    local timeout=$1 old=${2:-} start id
+    start=$(vm__now_ms)
+    while :; do
+        vm__qemu_alive || { vm_log "qemu exited"; return 1; }
+        if id=$(vm__try_boot_id) && [[ -n $id && $id != "$old" ]]; then
+            return 0
+        fi
+        (($(vm__now_ms) - start < timeout * 1000)) || {
+            vm_log "no SSH answer within ${timeout}s"
+            return 1
+        }
+        sleep 1
+    done
+}
+
+# The accelerators to try, in order.
+vm__accels() {
+    case $SV_VM_ACCEL in
+    tcg) echo tcg ;;
+    kvm) echo kvm ;;
+    auto)
+        if [[ -r /dev/kvm && -w /dev/kvm ]]; then echo kvm tcg; else echo tcg; fi
+        ;;
+    *)
+        vm_log "ERROR: SV_VM_ACCEL must be auto, tcg or kvm, not '$SV_VM_ACCEL'"
+        return 1
+        ;;
+    esac
+}
+
+# Boots with one accelerator on fresh disks; $2 is how long SSH may take.
+vm__boot() {
+    local accel=$1 timeout=$2 _
+    shift 2
+    vm__make_disks "$@" || return 1
+    for _ in 1 2 3; do
+        SV_VM_PORT=$(vm__free_port) || return 1
+        vm__set_ssh_cmd
+        vm_log "starting qemu ($accel, ${SV_VM_CPUS} vCPU, ${SV_VM_MEM} MiB, ssh on 127.0.0.1:$SV_VM_PORT)"
+        vm__launch "$accel" && break
+        vm__kill_qemu
+        # A port taken between the check and the bind: try another one.
+        grep -qs 'hostfwd\|host forwarding' "$SV_VM_RUN/qemu.log" || return 1
+        vm_log "port $SV_VM_PORT was taken, retrying"
+    done
+    vm__wait_ssh "$timeout"
+}
+
+# vm_start [SIZE...]: boots a fresh VM (a new overlay on the base image)
+# with extra empty data disks of the given sizes (default: $SV_VM_DATA_DISKS,
+# e.g. "1G"), and waits until SSH answers. With SV_VM_ACCEL=auto it tries
+# KVM first when /dev/kvm is usable and falls back to TCG.
+vm_start() {
+    local sizes=("$@") accels accel start timeout
+    if [[ $# == 0 && -n $SV_VM_DATA_DISKS ]]; then
+        read -r -a sizes <<<"$SV_VM_DATA_DISKS"
+    fi
+    if [[ -n $SV_VM_PID ]] && vm__qemu_alive; then
+        vm_log "ERROR: a VM is already running (pid $SV_VM_PID); vm_stop it first"
+        return 1
+    fi
+    [[ -n $SV_VM_IMAGE ]] || vm_image_build || return 1
+    accels=$(vm__accels) || return 1
+    [[ -n $SV_VM_RUN ]] || SV_VM_RUN=$(mktemp -d -t sv-vm.XXXXXX) || return 1
+    vm_log "run directory $SV_VM_RUN, data disks: ${sizes[*]:-none}"
+    for accel in $accels; do
+        timeout=$SV_VM_BOOT_TIMEOUT
+        [[ $accel == kvm && $accels == *tcg* ]] && timeout=$SV_VM_KVM_PROBE_TIMEOUT
+        start=$(vm__now_ms)
+        if vm__boot "$accel" "$timeout" "${sizes[@]}"; then
+            # shellcheck disable=SC2034 # for the scripts that source this
+            SV_VM_ACCEL_USED=$accel
+            echo "$accel" >"$SV_VM_RUN/accel"
+            vm_log "VM up: SSH answered $(vm__since "$start") after qemu started (accelerator: $accel)"
+            return 0
+        fi
+        if [[ $accel == kvm && $accels == *tcg* ]]; then
+            vm_log "KVM boot failed after $(vm__since "$start"); falling back to TCG"
+            vm_serial_tail 5
+            sed 's/^/    | /' "$SV_VM_RUN/qemu.log" | tail -n 5 >&2
+            vm__kill_qemu
+            continue
+        fi
+        vm__kill_qemu
+        vm__fail "VM did not come up ($accel, $(vm__since "$start"))"
+        return 1
+    done
+    return 1
+}
+
+vm__require_vm() {
+    [[ -n $SV_VM_PID ]] && vm__qemu_alive && return 0
+    vm__fail "no VM running (vm_start first)"
+}
+
+# ------------------------------------------------------------ guest access
+
+# vm_ssh CMD...: runs CMD as root in the guest (ssh joins the words with
+# spaces and the guest's shell parses them). stdin is passed through.
+vm_ssh() {
+    vm__require_vm || return 1
+    "${SV_VM_SSH_CMD[@]}" "$@"
+}
+
+# vm_copy_in SRC... DST: copies local files or directories (recursively,
+# keeping modes) to the guest path DST.
+vm_copy_in() {
+    (($# >= 2)) || { vm_log "usage: vm_copy_in SRC... DST"; return 1; }
+    vm__require_vm || return 1
+    local dst=${*: -1}
+    local srcs=("${@:1:$#-1}")
+    scp -q -r -p "${SV_VM_SSH_OPTS[@]}" -P "$SV_VM_PORT" -- "${srcs[@]}" "root@127.0.0.1:$dst"
+}
+
+# vm_install_files SRC DST MODE [SRC DST MODE]...: installs local files at
+# absolute guest paths with the given modes (owner root; missing parent
+# directories are created 0755, existing ones are left alone), in one SSH
+# connection, then runs `systemctl daemon-reload`.
+vm_install_files() {
+    (($# > 0 && $# % 3 == 0)) || {
+        vm_log "usage: vm_install_files SRC DST MODE [SRC DST MODE]..."
+        return 1
+    }
+    vm__require_vm || return 1
+    local stage paths=() rc=0
+    stage=$(mktemp -d "$SV_VM_RUN/install.XXXXXX") || return 1
+    while (($# > 0)); do
+        [[ $2 == /* ]] || { vm_log "ERROR: guest path must be absolute: $2"; rc=1; break; }
+        install -D -m "$3" -- "$1" "$stage$2" || { rc=1; break; }
+        vm_log "install $1 -> $2 ($3)"
+        paths+=(".$2")
+        shift 3
+    done
+    if ((rc == 0)); then
+        tar -C "$stage" --owner=0 --group=0 --numeric-owner -cf - -- "${paths[@]}" |
+            vm_ssh 'tar -C / --no-overwrite-dir -xpf - && systemctl daemon-reload' || rc=1
+    fi
+    rm -rf -- "$stage"
+    return "$rc"
+}
+
+# vm_boot_id: prints the guest's current boot_id.
+vm_boot_id() {
+    vm_ssh cat /proc/sys/kernel/random/boot_id </dev/null
+}
+
+# vm_reboot: clean reboot (systemctl reboot); returns when SSH answers
+# again with a new boot_id, proving the reboot happened.
+vm_reboot() {
+    local old new start
+    if ! old=$(vm_boot_id) || [[ -z $old ]]; then
+        vm__fail "cannot read boot_id before reboot"
+        return 1
+    fi
+    start=$(vm__now_ms)
+    vm_log "rebooting (boot_id $old)"
+    vm_ssh 'systemctl --no-block reboot' </dev/null || true
+    if ! vm__wait_ssh "$SV_VM_REBOOT_TIMEOUT" "$old"; then
+        vm__fail "guest did not come back from reboot within ${SV_VM_REBOOT_TIMEOUT}s"
+        return 1
+    fi
+    new=$(vm_boot_id) || { vm__fail "cannot read boot_id after reboot"; return 1; }
+    vm_log "rebooted in $(vm__since "$start") (boot_id $new)"
+}
+
+# vm_qmp JSON: sends one QMP command, e.g. '{"execute":"query-kvm"}', and
+# prints the reply. Needs python3 or socat on the host.
+vm_qmp() {
+    vm__require_vm || return 1
+    local sock=$SV_VM_RUN/qmp.sock
+    if command -v python3 >/dev/null; then
+        python3 - "$sock" "$1" <<'EOF'
+import json, socket, sys
+s = socket.socket(socket.AF_UNIX)
+s.connect(sys.argv[1])
+f = s.makefile("rw")
+f.readline()  # greeting
+for cmd in ('{"execute":"qmp_capabilities"}', sys.argv[2]):
+    f.write(cmd + "\n"); f.flush()
+    while True:
+        reply = json.loads(f.readline())
+        if "event" not in reply:
+            break
+print(json.dumps(reply))
+EOF
+    elif command -v socat >/dev/null; then
+        printf '{"execute":"qmp_capabilities"}\n%s\n' "$1" |
+            socat -t 2 - "UNIX-CONNECT:$sock" | grep -v '"event"' | tail -n 1
+    else
+        vm_log "ERROR: vm_qmp needs python3 or socat"
+        return 1
+    fi
+}
+
+# ---------------------------------------------------------------- the end
+
+# vm_stop: clean poweroff, bounded; then qemu is killed if still there.
+# Idempotent. The run directory stays (vm_start reuses it, vm_cleanup
+# removes it).
+vm_stop() {
+    local start i
+    if [[ -z $SV_VM_PID ]] || ! vm__qemu_alive; then
+        [[ -z $SV_VM_PID ]] || vm__kill_qemu
+        return 0
+    fi
+    start=$(vm__now_ms)
+    vm_log "powering off"
+    timeout 30 "${SV_VM_SSH_CMD[@]}" 'systemctl --no-block poweroff' \
+        </dev/null >/dev/null 2>&1 || true
+    for ((i = 0; i < SV_VM_STOP_TIMEOUT * 5; i++)); do
+        vm__qemu_alive || break
+        sleep 0.2
+    done
+    if vm__qemu_alive; then
+        vm_log "no poweroff within ${SV_VM_STOP_TIMEOUT}s; killing qemu (pid $SV_VM_PID)"
+        vm_serial_tail 10
+    fi
+    vm__kill_qemu
+    vm_log "stopped in $(vm__since "$start")"
+}
+
+# vm_cleanup: for `trap vm_cleanup EXIT`. Kills the qemu this shell started
+# (by its recorded pid) and removes the run directory (kept if
+# SV_VM_KEEP=1). Keeps the exit status it was called with.
+vm_cleanup() {
+    local rc=$?
+    if [[ -n $SV_VM_PID ]]; then
+        if vm__qemu_alive; then
+            vm_log "cleanup: killing qemu (pid $SV_VM_PID)"
+        fi
+        vm__kill_qemu
+    fi
+    if [[ -n $SV_VM_RUN && -d $SV_VM_RUN ]]; then
+        if [[ $SV_VM_KEEP == 1 ]]; then
+            vm_log "cleanup: keeping $SV_VM_RUN"
+        else
+            rm -rf -- "$SV_VM_RUN"
+        fi
+    fi
+    SV_VM_RUN=""
+    return "$rc"
+}

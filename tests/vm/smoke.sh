@@ -1,0 +1,120 @@
+#!/usr/bin/env bash
+# Self-test of the VM harness (tests/vm/lib.sh). Run as root from anywhere:
+#
+#   bash tests/vm/smoke.sh
+#
+# Builds or reuses the image, boots it, checks the system state, checks that
+# the guest kernel makes partition devices and by-partuuid links for a GPT
+# on a loop device, reboots and checks the persistent journal, powers off.
+# Exits non-zero on any failure; always kills its qemu.
+set -euo pipefail
+
+# shellcheck source=tests/vm/lib.sh
+. "$(dirname -- "${BASH_SOURCE[0]}")/lib.sh"
+
+PHASE=""
+TIMES=()
+
+log() { printf '%s smoke: %s\n' "$(date +%T.%3N)" "$*" >&2; }
+
+# phase NAME CMD...: runs CMD, records how long it took.
+phase() {
+    local name=$1 start
+    shift
+    PHASE=$name
+    log "--- $name"
+    start=$(vm__now_ms)
+    "$@"
+    TIMES+=("$(printf '%-14s %s' "$name" "$(vm__since "$start")")")
+    PHASE=""
+}
+
+on_exit() {
+    local rc=$?
+    if ((rc != 0)); then
+        log "FAILED${PHASE:+ in phase '$PHASE'} (exit $rc)"
+    fi
+    vm_cleanup
+    return "$rc"
+}
+
+check_system() {
+    local state
+    log "guest kernel: $(vm_ssh uname -r)"
+    state=$(vm_ssh 'timeout 120 systemctl is-system-running --wait' </dev/null) || true
+    log "system state: ${state:-?}"
+    case $state in
+    running) ;;
+    degraded)
+        log "failed units (accepted, but look at them):"
+        vm_ssh 'systemctl --failed --no-pager --plain --no-legend' </dev/null >&2
+        ;;
+    *)
+        vm__fail "system state is '$state', expected running or degraded"
+        ;;
+    esac
+}
+
+# GPT on a loop device: loopNp1 must appear and by-partuuid must point to it.
+check_gpt() {
+    local uuid
+    uuid=$(cat /proc/sys/kernel/random/uuid)
+    vm_ssh bash -s -- "$uuid" <<'EOF'
+set -euo pipefail
+uuid=$1
+img=/var/tmp/sv-smoke-gpt.img
+rm -f "$img"
+truncate -s 64M "$img"
+sgdisk -q -n1:0:0 -u1:"$uuid" "$img"
+dev=$(losetup -f -P --show "$img")
+trap 'losetup -d "$dev"; rm -f "$img"' EXIT
+udevadm wait --timeout=30 "/dev/disk/by-partuuid/$uuid"
+target=$(readlink -f "/dev/disk/by-partuuid/$uuid")
+echo "loop device $dev, by-partuuid/$uuid -> $target" >&2
+[ "$target" = "${dev}p1" ] || { echo "expected ${dev}p1" >&2; exit 1; }
+EOF
+}
+
+check_reboot() {
+    local before
+    before=$(vm_boot_id)
+    vm_reboot
+    [[ $(vm_boot_id) != "$before" ]] || vm__fail "boot_id did not change"
+}
+
+check_journal() {
+    local boots last
+    boots=$(vm_ssh 'journalctl --list-boots --no-pager -q | wc -l' </dev/null)
+    ((boots >= 2)) || vm__fail "journal lists $boots boot(s), expected at least 2"
+    last=$(vm_ssh 'journalctl -b -1 --no-pager -q -n 3 -o short-monotonic' </dev/null)
+    [[ -n $last ]] || vm__fail "journalctl -b -1 is empty"
+    log "journal has $boots boots; end of the previous one:"
+    printf '    | %s\n' "${last//$'\n'/$'\n'    | }" >&2
+    vm_ssh 'journalctl -b -1 --no-pager -q -u systemd-journald.service | grep -q "Journal stopped"' \
+        </dev/null || vm__fail "the previous boot's journal lacks its shutdown"
+}
+
+check_stopped() {
+    vm_stop
+    [[ -z $SV_VM_PID ]] || vm__fail "qemu still recorded after vm_stop"
+}
+
+main() {
+    [[ $(id -u) == 0 ]] || { log "must run as root"; exit 1; }
+    trap on_exit EXIT
+    trap 'exit 130' INT TERM
+    local start
+    start=$(vm__now_ms)
+    phase image vm_image_build
+    phase boot vm_start
+    phase system check_system
+    phase gpt check_gpt
+    phase reboot check_reboot
+    phase journal check_journal
+    phase stop check_stopped
+    log "accelerator: $SV_VM_ACCEL_USED, kernel: $SV_VM_KERNEL_VERSION"
+    printf '    %s\n' "${TIMES[@]}" >&2
+    log "PASS in $(vm__since "$start")"
+}
+
+main "$@"
