@@ -9,7 +9,7 @@ use nix::errno::Errno;
 use serde::Serialize;
 
 use crate::inuse::users_of_loop;
-use crate::loopdev::{self, sys::LO_FLAGS_AUTOCLEAR, LoopDevice};
+use crate::loopdev::{self, sys::LO_FLAGS_AUTOCLEAR, LoopDevice, LoopStatus};
 use crate::paths::SystemRoot;
 use crate::registry::{Config, Registry};
 use crate::volume_id::VolumeId;
@@ -152,28 +152,30 @@ fn detach_device(number: u32) -> Result<()> {
         }
         Err(errno) => bail!("opening {}: {errno}", path.display()),
     };
-    match device.status() {
+    let bound = match device.status() {
         Ok(None) => return Ok(()),
-        Ok(Some(_)) => {}
+        Ok(Some(status)) => status,
         Err(errno) => bail!("reading the status of {}: {errno}", path.display()),
-    }
+    };
     if let Err(errno) = device.clear() {
         bail!("detaching {}: {errno}", path.display());
     }
     // Current kernels finish the detach when the last opener closes the
     // device, which should be us.
     drop(device);
-    wait_until_released(number, &path)
+    wait_until_released(number, &path, &bound)
 }
 
-fn wait_until_released(number: u32, path: &Path) -> Result<()> {
+fn wait_until_released(number: u32, path: &Path, bound: &LoopStatus) -> Result<()> {
     let deadline = Instant::now() + RELEASE_GRACE;
     loop {
         let status = match LoopDevice::open(number, false) {
             Ok(device) => device.status()?,
             Err(_) => None,
         };
-        match status {
+        // Once released, the number may at once be reused for another file.
+        let still_ours = status.filter(|s| s.is_backed_by(bound.backing_dev, bound.backing_inode));
+        match still_ours {
             None => return Ok(()),
             Some(status) if Instant::now() >= deadline => {
                 if status.has(LO_FLAGS_AUTOCLEAR) {

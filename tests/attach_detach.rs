@@ -1,0 +1,277 @@
+//! attach/detach against real loop devices, real mkfs and sgdisk (root).
+
+mod common;
+
+use std::fs;
+use std::os::unix::fs::{symlink, PermissionsExt};
+use std::sync::Arc;
+
+use common::{loops_of, new_uuid, sysfs_flag, tool, Fixture};
+
+#[test]
+fn filesystem_volume_attaches_once_and_detaches() {
+    let fx = Fixture::new();
+    let uuid = new_uuid();
+    let file = fx.make_ext4(&uuid);
+    fx.register(&uuid, "filesystem", "");
+
+    let first = fx.run_ok(&["attach", &uuid, "--json"]).json();
+    assert_eq!(first["changed"], true);
+    assert_eq!(first["uuid"], uuid.as_str());
+    let device = first["device"].as_str().unwrap().to_string();
+    assert_eq!(loops_of(&file), vec![device.clone()]);
+    // The device really carries the volume (blkid reads it independently).
+    let probed = tool("blkid", &["-p", "-o", "value", "-s", "UUID", &device]);
+    assert_eq!(probed.trim(), uuid);
+    assert_eq!(sysfs_flag(&device, "loop/partscan"), "0", "filesystem mode must not scan partitions");
+    let reference = tool("losetup", &["--noheadings", "--raw", "-O", "BACK-FILE", &device]);
+    assert!(reference.contains(&uuid), "backing file not reported: {reference}");
+
+    let again = fx.run_ok(&["attach", &uuid, "--json"]).json();
+    assert_eq!(again["changed"], false);
+    assert_eq!(again["device"], device.as_str());
+    assert_eq!(loops_of(&file).len(), 1);
+
+    let detached = fx.run_ok(&["detach", &uuid, "--json"]).json();
+    assert_eq!(detached["changed"], true);
+    assert_eq!(detached["devices"][0], device.as_str());
+    assert!(loops_of(&file).is_empty());
+
+    let repeated = fx.run_ok(&["detach", &uuid, "--json"]).json();
+    assert_eq!(repeated["changed"], false);
+    assert_eq!(repeated["uuid"], uuid.as_str());
+}
+
+#[test]
+fn xfs_volume_is_verified_and_attached() {
+    let fx = Fixture::new();
+    let uuid = new_uuid();
+    let file = fx.make_xfs(&uuid);
+    fx.register(&uuid, "filesystem", "fs_type = \"xfs\"\n");
+    let attached = fx.run_ok(&["attach", &uuid, "--json"]).json();
+    let device = attached["device"].as_str().unwrap();
+    assert_eq!(tool("blkid", &["-p", "-o", "value", "-s", "TYPE", device]).trim(), "xfs");
+    fx.run_ok(&["detach", &uuid]);
+    assert!(loops_of(&file).is_empty());
+}
+
+#[test]
+fn sixteen_concurrent_attaches_make_one_device() {
+    let fx = Arc::new(Fixture::new());
+    let uuid = Arc::new(new_uuid());
+    let file = fx.make_ext4(&uuid);
+    fx.register(&uuid, "filesystem", "");
+
+    let children: Vec<_> = (0..16)
+        .map(|_| fx.command(&["attach", &uuid, "--json"]).spawn_piped())
+        .collect();
+    let reports: Vec<serde_json::Value> = children
+        .into_iter()
+        .map(|child| {
+            let output = child.wait_with_output().unwrap();
+            assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+            serde_json::from_slice(&output.stdout).unwrap()
+        })
+        .collect();
+
+    let devices = loops_of(&file);
+    assert_eq!(devices.len(), 1, "one file, several loop devices: {devices:?}");
+    assert!(reports.iter().all(|r| r["device"] == devices[0].as_str()));
+    assert_eq!(reports.iter().filter(|r| r["changed"] == true).count(), 1);
+    fx.run_ok(&["detach", &uuid]);
+    assert!(loops_of(&file).is_empty());
+}
+
+trait SpawnPiped {
+    fn spawn_piped(&mut self) -> std::process::Child;
+}
+
+impl SpawnPiped for std::process::Command {
+    fn spawn_piped(&mut self) -> std::process::Child {
+        self.stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap()
+    }
+}
+
+#[test]
+fn block_volume_scans_partitions_and_detaches_without_registry() {
+    let fx = Fixture::new();
+    let uuid = new_uuid();
+    let file = fx.make_gpt(&uuid);
+    fx.register(&uuid, "block", "");
+
+    let attached = fx.run_ok(&["attach", &uuid, "--json"]).json();
+    let device = attached["device"].as_str().unwrap().to_string();
+    assert_eq!(attached["partition"], format!("{device}p1").as_str());
+    assert_eq!(attached["link"], format!("/dev/disk/by-partuuid/{uuid}").as_str());
+    assert_eq!(sysfs_flag(&device, "loop/partscan"), "1");
+    // The GPT read back through the loop device names the volume, in the
+    // byte order udev uses for by-partuuid.
+    let info = tool("sgdisk", &["-i", "1", &device]);
+    assert!(
+        info.contains(&format!("Partition unique GUID: {}", uuid.to_uppercase())),
+        "{info}"
+    );
+
+    fs::remove_file(fx.registry_file(&uuid)).unwrap();
+    let detached = fx.run_ok(&["detach", &uuid, "--json"]).json();
+    assert_eq!(detached["changed"], true);
+    assert_eq!(detached["found_by"], "backing-file");
+    assert!(loops_of(&file).is_empty());
+}
+
+#[test]
+fn detach_finds_the_device_by_reference_when_the_file_is_gone() {
+    let fx = Fixture::new();
+    let uuid = new_uuid();
+    let file = fx.make_ext4(&uuid);
+    fx.register(&uuid, "filesystem", "");
+    let device = fx.run_ok(&["attach", &uuid, "--json"]).json()["device"]
+        .as_str()
+        .unwrap()
+        .to_string();
+
+    // Registry entry and backing file both gone (the inode lives on while
+    // the loop device holds it).
+    fs::remove_file(fx.registry_file(&uuid)).unwrap();
+    fs::remove_file(&file).unwrap();
+    let detached = fx.run_ok(&["detach", &uuid, "--json"]).json();
+    assert_eq!(detached["found_by"], "reference");
+    assert_eq!(detached["devices"][0], device.as_str());
+    let status = tool("losetup", &["--list", "--noheadings", "-O", "NAME"]);
+    assert!(!status.lines().any(|l| l.trim() == device), "{device} still bound");
+}
+
+#[test]
+fn read_only_volume_gets_a_read_only_device() {
+    let fx = Fixture::new();
+    let uuid = new_uuid();
+    let file = fx.make_ext4(&uuid);
+    fx.register(&uuid, "filesystem", "read_only = true\n");
+    let attached = fx.run_ok(&["attach", &uuid, "--json"]).json();
+    assert_eq!(attached["read_only"], true);
+    assert_eq!(sysfs_flag(attached["device"].as_str().unwrap(), "ro"), "1");
+    fx.run_ok(&["detach", &uuid]);
+    assert!(loops_of(&file).is_empty());
+}
+
+/// Every refusal: exit 1, one line on stderr naming the volume and the
+/// cause, and no loop device for the file.
+fn assert_refused(fx: &Fixture, uuid: &str, cause: &str, file: &std::path::Path) {
+    let run = fx.run(&["attach", uuid]);
+    assert_eq!(run.code, 1, "attach should fail: {}", run.stderr);
+    assert_eq!(run.stderr.lines().count(), 1, "not one line: {}", run.stderr);
+    assert!(run.stderr.contains(uuid), "volume not named: {}", run.stderr);
+    assert!(run.stderr.contains(cause), "cause '{cause}' missing: {}", run.stderr);
+    assert!(loops_of(file).is_empty(), "a loop device was left behind");
+}
+
+#[test]
+fn attach_refuses_an_unregistered_volume() {
+    let fx = Fixture::new();
+    let uuid = new_uuid();
+    let file = fx.make_ext4(&uuid);
+    assert_refused(&fx, &uuid, "is not registered", &file);
+}
+
+#[test]
+fn attach_refuses_a_symlinked_backing_file() {
+    let fx = Fixture::new();
+    let uuid = new_uuid();
+    let real = fx.host("/var/lib/sparse-volume/real-file");
+    fx.sparse_file(&real);
+    tool("mkfs.ext4", &["-q", "-F", "-U", &uuid, real.to_str().unwrap()]);
+    symlink(&real, fx.backing(&uuid)).unwrap();
+    fx.register(&uuid, "filesystem", "");
+    assert_refused(&fx, &uuid, "is a symbolic link", &real);
+}
+
+#[test]
+fn attach_refuses_a_world_writable_backing_file() {
+    let fx = Fixture::new();
+    let uuid = new_uuid();
+    let file = fx.make_ext4(&uuid);
+    fs::set_permissions(&file, fs::Permissions::from_mode(0o666)).unwrap();
+    fx.register(&uuid, "filesystem", "");
+    assert_refused(&fx, &uuid, "writable by group or others", &file);
+}
+
+#[test]
+fn attach_refuses_content_with_another_uuid() {
+    let fx = Fixture::new();
+    let uuid = new_uuid();
+    let file = fx.backing(&uuid);
+    fx.sparse_file(&file);
+    tool("mkfs.ext4", &["-q", "-F", "-U", &new_uuid(), file.to_str().unwrap()]);
+    fx.register(&uuid, "filesystem", "");
+    assert_refused(&fx, &uuid, "not an ext4 file system with UUID", &file);
+
+    let block = new_uuid();
+    let gpt = fx.backing(&block);
+    fx.sparse_file(&gpt);
+    tool("sgdisk", &["-n", "1:0:0", "-u", &format!("1:{}", new_uuid()), gpt.to_str().unwrap()]);
+    fx.register(&block, "block", "");
+    assert_refused(&fx, &block, "not a GPT whose partition 1 has GUID", &gpt);
+
+    // Right UUID, wrong file system type.
+    let typed = new_uuid();
+    let xfs = fx.make_xfs(&typed);
+    fx.register(&typed, "filesystem", "fs_type = \"ext4\"\n");
+    assert_refused(&fx, &typed, "holds an xfs file system", &xfs);
+}
+
+#[test]
+fn detach_refuses_a_mounted_device_and_then_succeeds() {
+    let fx = Fixture::new();
+    let uuid = new_uuid();
+    let file = fx.make_ext4(&uuid);
+    fx.register(&uuid, "filesystem", "");
+    let device = fx.run_ok(&["attach", &uuid, "--json"]).json()["device"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let mountpoint = fx.host("/mnt");
+    fs::create_dir_all(&mountpoint).unwrap();
+    tool("mount", &[&device, mountpoint.to_str().unwrap()]);
+
+    let refused = fx.run(&["detach", &uuid]);
+    tool("umount", &[mountpoint.to_str().unwrap()]);
+    assert_eq!(refused.code, 1);
+    assert!(refused.stderr.contains(&uuid), "{}", refused.stderr);
+    assert!(refused.stderr.contains("is mounted on"), "{}", refused.stderr);
+    assert_eq!(loops_of(&file), vec![device]);
+
+    fx.run_ok(&["detach", &uuid]);
+    assert!(loops_of(&file).is_empty());
+}
+
+#[test]
+fn detach_reports_a_device_the_kernel_releases_later() {
+    let fx = Fixture::new();
+    let uuid = new_uuid();
+    let file = fx.make_ext4(&uuid);
+    fx.register(&uuid, "filesystem", "");
+    let device = fx.run_ok(&["attach", &uuid, "--json"]).json()["device"]
+        .as_str()
+        .unwrap()
+        .to_string();
+
+    let holder = fs::File::open(&device).unwrap();
+    let deferred = fx.run(&["detach", &uuid]);
+    assert_eq!(deferred.code, 1, "a device still open was reported detached");
+    assert!(deferred.stderr.contains("still open by another program"), "{}", deferred.stderr);
+    drop(holder);
+    // Our LOOP_CLR_FD set autoclear: the last close released it.
+    assert!(loops_of(&file).is_empty());
+}
+
+#[test]
+fn usage_errors_exit_with_status_two() {
+    let fx = Fixture::new();
+    for args in [&["attach"][..], &["attach", "NOT-A-UUID"], &["detach", "6F1C2A8E-3B4D-4E5F-8A9B-0C1D2E3F4A5B"], &["frobnicate"]] {
+        let run = fx.run(args);
+        assert_eq!(run.code, 2, "{args:?}: {}", run.stderr);
+    }
+}

@@ -1,0 +1,200 @@
+//! Shared fixtures for the integration tests: a private registry root
+//! (`SPARSE_VOLUME_ROOT`), real backing files made with the real tools
+//! (`mkfs.ext4`, `mkfs.xfs`, `sgdisk`), and an independent view of the
+//! loop devices through `losetup`, so the tests never check our code with
+//! our own code.
+
+#![allow(dead_code)]
+
+use std::fs;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+pub const SIZE: u64 = 64 << 20;
+/// mkfs.xfs refuses file systems below 300 MB; sparse, so it costs nothing.
+pub const XFS_SIZE: u64 = 320 << 20;
+
+pub struct Fixture {
+    pub root: tempfile::TempDir,
+}
+
+pub struct Run {
+    pub code: i32,
+    pub stdout: String,
+    pub stderr: String,
+}
+
+impl Run {
+    pub fn json(&self) -> serde_json::Value {
+        serde_json::from_str(&self.stdout).unwrap_or_else(|e| panic!("not JSON ({e}): {}", self.stdout))
+    }
+}
+
+pub fn require_root() {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    assert_eq!(
+        unsafe { libc::geteuid() },
+        0,
+        "these tests attach real loop devices and must run as root"
+    );
+}
+
+pub fn new_uuid() -> String {
+    uuid::Uuid::new_v4().hyphenated().to_string()
+}
+
+fn check(output: Output, what: &str) {
+    assert!(
+        output.status.success(),
+        "{what} failed: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+}
+
+pub fn tool(program: &str, args: &[&str]) -> String {
+    let output = Command::new(program)
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| panic!("running {program}: {e}"));
+    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+    check(output, program);
+    stdout
+}
+
+impl Fixture {
+    pub fn new() -> Self {
+        require_root();
+        let root = tempfile::Builder::new()
+            .prefix("sv-test-")
+            .tempdir()
+            .expect("temporary root");
+        let fixture = Self { root };
+        fs::create_dir_all(fixture.host("/etc/sparse-volume/volumes.d")).unwrap();
+        fs::create_dir_all(fixture.host("/var/lib/sparse-volume")).unwrap();
+        fixture
+    }
+
+    /// Where a logical path lives inside this fixture.
+    pub fn host(&self, logical: &str) -> PathBuf {
+        self.root.path().join(logical.trim_start_matches('/'))
+    }
+
+    pub fn logical_backing(&self, uuid: &str) -> String {
+        format!("/var/lib/sparse-volume/{uuid}")
+    }
+
+    pub fn backing(&self, uuid: &str) -> PathBuf {
+        self.host(&self.logical_backing(uuid))
+    }
+
+    pub fn sparse_file(&self, path: &Path) {
+        self.sparse_file_of(path, SIZE);
+    }
+
+    pub fn sparse_file_of(&self, path: &Path, size: u64) {
+        let file = fs::File::create(path).unwrap();
+        file.set_len(size).unwrap();
+        fs::set_permissions(path, fs::Permissions::from_mode(0o600)).unwrap();
+    }
+
+    pub fn make_ext4(&self, uuid: &str) -> PathBuf {
+        let path = self.backing(uuid);
+        self.sparse_file(&path);
+        tool("mkfs.ext4", &["-q", "-F", "-U", uuid, path.to_str().unwrap()]);
+        path
+    }
+
+    pub fn make_xfs(&self, uuid: &str) -> PathBuf {
+        let path = self.backing(uuid);
+        self.sparse_file_of(&path, XFS_SIZE);
+        tool("mkfs.xfs", &["-q", "-f", "-m", &format!("uuid={uuid}"), path.to_str().unwrap()]);
+        path
+    }
+
+    /// A GPT with one partition whose unique GUID is `uuid`, as an
+    /// operator (or the provisioning code) would make it.
+    pub fn make_gpt(&self, uuid: &str) -> PathBuf {
+        let path = self.backing(uuid);
+        self.sparse_file(&path);
+        tool("sgdisk", &["-n", "1:0:0", "-u", &format!("1:{uuid}"), path.to_str().unwrap()]);
+        path
+    }
+
+    /// Registers the volume with the size its backing file has.
+    pub fn register(&self, uuid: &str, mode: &str, extra: &str) {
+        let size = fs::metadata(self.backing(uuid)).map_or(SIZE, |m| m.len());
+        let text = format!(
+            "uuid = \"{uuid}\"\npath = \"{}\"\nsize = {size}\nmode = \"{mode}\"\n{extra}",
+            self.logical_backing(uuid)
+        );
+        fs::write(self.registry_file(uuid), text).unwrap();
+    }
+
+    pub fn registry_file(&self, uuid: &str) -> PathBuf {
+        self.host(&format!("/etc/sparse-volume/volumes.d/{uuid}.toml"))
+    }
+
+    pub fn command(&self, args: &[&str]) -> Command {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_sparse-volume"));
+        command
+            .args(args)
+            .env("SPARSE_VOLUME_ROOT", self.root.path())
+            .env_remove("JOURNAL_STREAM");
+        command
+    }
+
+    pub fn run(&self, args: &[&str]) -> Run {
+        let output = self.command(args).output().expect("running sparse-volume");
+        Run {
+            code: output.status.code().unwrap_or(-1),
+            stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
+            stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
+        }
+    }
+
+    pub fn run_ok(&self, args: &[&str]) -> Run {
+        let run = self.run(args);
+        assert_eq!(run.code, 0, "sparse-volume {args:?} failed: {}", run.stderr);
+        run
+    }
+}
+
+/// Loop devices backing `path`, as `losetup` (util-linux) sees them.
+pub fn loops_of(path: &Path) -> Vec<String> {
+    tool("losetup", &["--noheadings", "--output", "NAME", "-j", path.to_str().unwrap()])
+        .lines()
+        .map(|l| l.trim().to_string())
+        .filter(|l| !l.is_empty())
+        .collect()
+}
+
+pub fn sysfs_flag(device: &str, attribute: &str) -> String {
+    let name = device.trim_start_matches("/dev/");
+    fs::read_to_string(format!("/sys/block/{name}/{attribute}"))
+        .unwrap_or_else(|e| panic!("reading {attribute} of {device}: {e}"))
+        .trim()
+        .to_string()
+}
+
+impl Drop for Fixture {
+    /// Never leak loop devices into the next test or the CI machine.
+    fn drop(&mut self) {
+        let Ok(listing) = fs::read_dir(self.host("/var/lib/sparse-volume")) else {
+            return;
+        };
+        for entry in listing.flatten() {
+            let Ok(output) = Command::new("losetup")
+                .args(["--noheadings", "--output", "NAME", "-j"])
+                .arg(entry.path())
+                .output()
+            else {
+                continue;
+            };
+            for device in String::from_utf8_lossy(&output.stdout).split_whitespace() {
+                let _ = Command::new("umount").arg(&device).output();
+                let _ = Command::new("losetup").args(["-d", &device]).output();
+            }
+        }
+    }
+}
