@@ -7,6 +7,7 @@ pub mod inuse;
 pub mod logging;
 pub mod loopdev;
 pub mod ops;
+pub mod partition_table;
 pub mod paths;
 pub mod probe;
 pub mod registry;

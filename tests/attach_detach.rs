@@ -23,9 +23,19 @@ fn filesystem_volume_attaches_once_and_detaches() {
     // The device really carries the volume (blkid reads it independently).
     let probed = tool("blkid", &["-p", "-o", "value", "-s", "UUID", &device]);
     assert_eq!(probed.trim(), uuid);
-    assert_eq!(sysfs_flag(&device, "loop/partscan"), "0", "filesystem mode must not scan partitions");
-    let reference = tool("losetup", &["--noheadings", "--raw", "-O", "BACK-FILE", &device]);
-    assert!(reference.contains(&uuid), "backing file not reported: {reference}");
+    assert_eq!(
+        sysfs_flag(&device, "loop/partscan"),
+        "0",
+        "filesystem mode must not scan partitions"
+    );
+    let reference = tool(
+        "losetup",
+        &["--noheadings", "--raw", "-O", "BACK-FILE", &device],
+    );
+    assert!(
+        reference.contains(&uuid),
+        "backing file not reported: {reference}"
+    );
 
     let again = fx.run_ok(&["attach", &uuid, "--json"]).json();
     assert_eq!(again["changed"], false);
@@ -50,7 +60,10 @@ fn xfs_volume_is_verified_and_attached() {
     fx.register(&uuid, "filesystem", "fs_type = \"xfs\"\n");
     let attached = fx.run_ok(&["attach", &uuid, "--json"]).json();
     let device = attached["device"].as_str().unwrap();
-    assert_eq!(tool("blkid", &["-p", "-o", "value", "-s", "TYPE", device]).trim(), "xfs");
+    assert_eq!(
+        tool("blkid", &["-p", "-o", "value", "-s", "TYPE", device]).trim(),
+        "xfs"
+    );
     fx.run_ok(&["detach", &uuid]);
     assert!(loops_of(&file).is_empty());
 }
@@ -69,13 +82,21 @@ fn sixteen_concurrent_attaches_make_one_device() {
         .into_iter()
         .map(|child| {
             let output = child.wait_with_output().unwrap();
-            assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+            assert!(
+                output.status.success(),
+                "{}",
+                String::from_utf8_lossy(&output.stderr)
+            );
             serde_json::from_slice(&output.stdout).unwrap()
         })
         .collect();
 
     let devices = loops_of(&file);
-    assert_eq!(devices.len(), 1, "one file, several loop devices: {devices:?}");
+    assert_eq!(
+        devices.len(),
+        1,
+        "one file, several loop devices: {devices:?}"
+    );
     assert!(reports.iter().all(|r| r["device"] == devices[0].as_str()));
     assert_eq!(reports.iter().filter(|r| r["changed"] == true).count(), 1);
     fx.run_ok(&["detach", &uuid]);
@@ -105,7 +126,10 @@ fn block_volume_scans_partitions_and_detaches_without_registry() {
     let attached = fx.run_ok(&["attach", &uuid, "--json"]).json();
     let device = attached["device"].as_str().unwrap().to_string();
     assert_eq!(attached["partition"], format!("{device}p1").as_str());
-    assert_eq!(attached["link"], format!("/dev/disk/by-partuuid/{uuid}").as_str());
+    assert_eq!(
+        attached["link"],
+        format!("/dev/disk/by-partuuid/{uuid}").as_str()
+    );
     assert_eq!(sysfs_flag(&device, "loop/partscan"), "1");
     // The GPT read back through the loop device names the volume, in the
     // byte order udev uses for by-partuuid.
@@ -141,7 +165,10 @@ fn detach_finds_the_device_by_reference_when_the_file_is_gone() {
     assert_eq!(detached["found_by"], "reference");
     assert_eq!(detached["devices"][0], device.as_str());
     let status = tool("losetup", &["--list", "--noheadings", "-O", "NAME"]);
-    assert!(!status.lines().any(|l| l.trim() == device), "{device} still bound");
+    assert!(
+        !status.lines().any(|l| l.trim() == device),
+        "{device} still bound"
+    );
 }
 
 #[test]
@@ -162,9 +189,22 @@ fn read_only_volume_gets_a_read_only_device() {
 fn assert_refused(fx: &Fixture, uuid: &str, cause: &str, file: &std::path::Path) {
     let run = fx.run(&["attach", uuid]);
     assert_eq!(run.code, 1, "attach should fail: {}", run.stderr);
-    assert_eq!(run.stderr.lines().count(), 1, "not one line: {}", run.stderr);
-    assert!(run.stderr.contains(uuid), "volume not named: {}", run.stderr);
-    assert!(run.stderr.contains(cause), "cause '{cause}' missing: {}", run.stderr);
+    assert_eq!(
+        run.stderr.lines().count(),
+        1,
+        "not one line: {}",
+        run.stderr
+    );
+    assert!(
+        run.stderr.contains(uuid),
+        "volume not named: {}",
+        run.stderr
+    );
+    assert!(
+        run.stderr.contains(cause),
+        "cause '{cause}' missing: {}",
+        run.stderr
+    );
     assert!(loops_of(file).is_empty(), "a loop device was left behind");
 }
 
@@ -182,7 +222,10 @@ fn attach_refuses_a_symlinked_backing_file() {
     let uuid = new_uuid();
     let real = fx.host("/var/lib/sparse-volume/real-file");
     fx.sparse_file(&real);
-    tool("mkfs.ext4", &["-q", "-F", "-U", &uuid, real.to_str().unwrap()]);
+    tool(
+        "mkfs.ext4",
+        &["-q", "-F", "-U", &uuid, real.to_str().unwrap()],
+    );
     symlink(&real, fx.backing(&uuid)).unwrap();
     fx.register(&uuid, "filesystem", "");
     assert_refused(&fx, &uuid, "is a symbolic link", &real);
@@ -204,14 +247,26 @@ fn attach_refuses_content_with_another_uuid() {
     let uuid = new_uuid();
     let file = fx.backing(&uuid);
     fx.sparse_file(&file);
-    tool("mkfs.ext4", &["-q", "-F", "-U", &new_uuid(), file.to_str().unwrap()]);
+    tool(
+        "mkfs.ext4",
+        &["-q", "-F", "-U", &new_uuid(), file.to_str().unwrap()],
+    );
     fx.register(&uuid, "filesystem", "");
     assert_refused(&fx, &uuid, "not an ext4 file system with UUID", &file);
 
     let block = new_uuid();
     let gpt = fx.backing(&block);
     fx.sparse_file(&gpt);
-    tool("sgdisk", &["-n", "1:0:0", "-u", &format!("1:{}", new_uuid()), gpt.to_str().unwrap()]);
+    tool(
+        "sgdisk",
+        &[
+            "-n",
+            "1:0:0",
+            "-u",
+            &format!("1:{}", new_uuid()),
+            gpt.to_str().unwrap(),
+        ],
+    );
     fx.register(&block, "block", "");
     assert_refused(&fx, &block, "not a GPT whose partition 1 has GUID", &gpt);
 
@@ -240,7 +295,11 @@ fn detach_refuses_a_mounted_device_and_then_succeeds() {
     tool("umount", &[mountpoint.to_str().unwrap()]);
     assert_eq!(refused.code, 1);
     assert!(refused.stderr.contains(&uuid), "{}", refused.stderr);
-    assert!(refused.stderr.contains("is mounted on"), "{}", refused.stderr);
+    assert!(
+        refused.stderr.contains("is mounted on"),
+        "{}",
+        refused.stderr
+    );
     assert_eq!(loops_of(&file), vec![device]);
 
     fx.run_ok(&["detach", &uuid]);
@@ -260,8 +319,15 @@ fn detach_reports_a_device_the_kernel_releases_later() {
 
     let holder = fs::File::open(&device).unwrap();
     let deferred = fx.run(&["detach", &uuid]);
-    assert_eq!(deferred.code, 1, "a device still open was reported detached");
-    assert!(deferred.stderr.contains("still open by another program"), "{}", deferred.stderr);
+    assert_eq!(
+        deferred.code, 1,
+        "a device still open was reported detached"
+    );
+    assert!(
+        deferred.stderr.contains("still open by another program"),
+        "{}",
+        deferred.stderr
+    );
     drop(holder);
     // Our LOOP_CLR_FD set autoclear: the last close released it.
     assert!(loops_of(&file).is_empty());
@@ -270,7 +336,12 @@ fn detach_reports_a_device_the_kernel_releases_later() {
 #[test]
 fn usage_errors_exit_with_status_two() {
     let fx = Fixture::new();
-    for args in [&["attach"][..], &["attach", "NOT-A-UUID"], &["detach", "6F1C2A8E-3B4D-4E5F-8A9B-0C1D2E3F4A5B"], &["frobnicate"]] {
+    for args in [
+        &["attach"][..],
+        &["attach", "NOT-A-UUID"],
+        &["detach", "6F1C2A8E-3B4D-4E5F-8A9B-0C1D2E3F4A5B"],
+        &["frobnicate"],
+    ] {
         let run = fx.run(args);
         assert_eq!(run.code, 2, "{args:?}: {}", run.stderr);
     }

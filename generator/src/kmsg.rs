@@ -37,13 +37,13 @@ impl Kmsg {
         match &self.kmsg {
             // One write is one record; a failed log line must not stop the
             // generator, so errors are ignored.
-            Some(mut file) => {
+            Some(file) => {
                 let line = format!(
                     "<{}>{IDENT}: {}\n",
                     level as u8,
                     truncate(message, MAX_RECORD - IDENT.len() - 8)
                 );
-                let _ = file.write(line.as_bytes());
+                let _ = (&*file).write(line.as_bytes());
             }
             None => {
                 let _ = writeln!(std::io::stderr().lock(), "{IDENT}: {message}");

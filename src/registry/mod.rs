@@ -14,10 +14,10 @@ use anyhow::{Context, Result};
 
 pub use config::{Config, Reserve};
 pub use error::RegistryError;
-pub use volume::{FsType, Mode, Volume};
+pub use volume::{check_path, check_size, FsType, Mode, Volume};
 
 use crate::fsutil::{write_atomically, ExclusiveLock};
-use crate::paths::{SystemRoot, VOLUMES_DIR};
+use crate::paths::SystemRoot;
 use crate::volume_id::VolumeId;
 
 pub struct Registry {
@@ -108,10 +108,5 @@ impl Registry {
     /// Serialises device work (attach/detach) on one volume.
     pub fn volume_lock(root: &SystemRoot, id: &VolumeId) -> Result<ExclusiveLock> {
         ExclusiveLock::acquire(&root.run_dir().join(format!("{id}.lock")))
-    }
-
-    /// The logical path of the registry directory, for messages.
-    pub fn volumes_dir_logical() -> &'static str {
-        VOLUMES_DIR
     }
 }

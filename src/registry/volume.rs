@@ -71,6 +71,9 @@ pub struct Volume {
     pub enabled: bool,
     pub read_only: bool,
     pub direct_io: bool,
+    /// Space was reserved with fallocate: the volume cannot grow into free
+    /// space any more, and a resize must reserve the new range too.
+    pub preallocated: bool,
     pub name: Option<String>,
 }
 
@@ -93,6 +96,7 @@ struct VolumeFile {
     enabled: Option<bool>,
     read_only: Option<bool>,
     direct_io: Option<bool>,
+    preallocated: Option<bool>,
     name: Option<Spanned<String>>,
     mkfs_options: Option<Spanned<Vec<String>>>,
 }
@@ -113,6 +117,7 @@ struct VolumeFileOut<'a> {
     enabled: bool,
     read_only: bool,
     direct_io: bool,
+    preallocated: bool,
 }
 
 impl Volume {
@@ -139,38 +144,14 @@ impl Volume {
         }
 
         let path = PathBuf::from(raw.path.get_ref());
-        if !is_normal_absolute(&path) {
-            return Err(fail(
-                raw.path.span(),
-                format!(
-                    "path \"{}\" must be a normalised absolute path",
-                    path.display()
-                ),
-            ));
-        }
-        if config.storage_root_of(&path).is_none() {
-            let roots: Vec<_> = config
-                .storage_roots
-                .iter()
-                .map(|r| r.display().to_string())
-                .collect();
-            return Err(fail(
-                raw.path.span(),
-                format!(
-                    "path {} is not inside a storage root ({})",
-                    path.display(),
-                    roots.join(", ")
-                ),
-            ));
-        }
-
-        let size = *raw.size.get_ref();
-        if size <= 0 || size % 512 != 0 {
-            return Err(fail(
+        check_path(&path, config).map_err(|reason| fail(raw.path.span(), reason))?;
+        let size = u64::try_from(*raw.size.get_ref()).map_err(|_| {
+            fail(
                 raw.size.span(),
-                format!("size {size} must be a positive multiple of 512 bytes"),
-            ));
-        }
+                format!("size {} must be positive", raw.size.get_ref()),
+            )
+        })?;
+        check_size(size).map_err(|reason| fail(raw.size.span(), reason))?;
 
         let mode = match raw.mode {
             ModeName::Filesystem => Mode::Filesystem {
@@ -210,11 +191,12 @@ impl Volume {
         Ok(Volume {
             id,
             path,
-            size: size as u64,
+            size,
             mode,
             enabled: raw.enabled.unwrap_or(true),
             read_only: raw.read_only.unwrap_or(false),
             direct_io: raw.direct_io.unwrap_or(config.direct_io),
+            preallocated: raw.preallocated.unwrap_or(false),
             name,
         })
     }
@@ -242,10 +224,46 @@ impl Volume {
             enabled: self.enabled,
             read_only: self.read_only,
             direct_io: self.direct_io,
+            preallocated: self.preallocated,
         };
         // Serialising plain strings, integers and booleans cannot fail.
         toml::to_string(&out).unwrap_or_else(|e| unreachable!("volume serialisation: {e}"))
     }
+}
+
+/// A backing file path must be a normalised absolute path inside a
+/// storage root: that is what keeps `check` and the capacity accounting
+/// from missing a volume.
+pub fn check_path(path: &Path, config: &Config) -> Result<(), String> {
+    if !is_normal_absolute(path) {
+        return Err(format!(
+            "path \"{}\" must be a normalised absolute path",
+            path.display()
+        ));
+    }
+    if config.storage_root_of(path).is_none() {
+        let roots: Vec<_> = config
+            .storage_roots
+            .iter()
+            .map(|r| r.display().to_string())
+            .collect();
+        return Err(format!(
+            "path {} is not inside a storage root ({})",
+            path.display(),
+            roots.join(", ")
+        ));
+    }
+    Ok(())
+}
+
+/// Loop devices and partition tables work in 512-byte sectors.
+pub fn check_size(size: u64) -> Result<(), String> {
+    if size == 0 || size % 512 != 0 {
+        return Err(format!(
+            "size {size} must be a positive multiple of 512 bytes"
+        ));
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -282,7 +300,8 @@ mod tests {
 
     #[test]
     fn round_trips_through_toml() {
-        let volume = parse(&minimal("fs_type = \"xfs\"\nname = \"db data\"\nread_only = true\nmkfs_options = [\"-m\", \"crc=1\"]\n")).unwrap();
+        let volume = parse(&minimal("fs_type = \"xfs\"\nname = \"db data\"\nread_only = true\npreallocated = true\nmkfs_options = [\"-m\", \"crc=1\"]\n")).unwrap();
+        assert!(volume.preallocated);
         assert_eq!(parse(&volume.to_toml()).unwrap(), volume);
         let block = parse(&minimal("").replace("filesystem", "block")).unwrap();
         assert_eq!(block.mode, Mode::Block);
@@ -309,6 +328,7 @@ mod tests {
             ),
             (minimal("").replace("1048576", "1000"), 3, "multiple of 512"),
             (minimal("").replace("1048576", "0"), 3, "positive"),
+            (minimal("").replace("1048576", "-512"), 3, "positive"),
             (
                 minimal("").replace("\"filesystem\"", "\"raw\""),
                 4,

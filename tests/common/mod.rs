@@ -27,7 +27,8 @@ pub struct Run {
 
 impl Run {
     pub fn json(&self) -> serde_json::Value {
-        serde_json::from_str(&self.stdout).unwrap_or_else(|e| panic!("not JSON ({e}): {}", self.stdout))
+        serde_json::from_str(&self.stdout)
+            .unwrap_or_else(|e| panic!("not JSON ({e}): {}", self.stdout))
     }
 }
 
@@ -101,14 +102,26 @@ impl Fixture {
     pub fn make_ext4(&self, uuid: &str) -> PathBuf {
         let path = self.backing(uuid);
         self.sparse_file(&path);
-        tool("mkfs.ext4", &["-q", "-F", "-U", uuid, path.to_str().unwrap()]);
+        tool(
+            "mkfs.ext4",
+            &["-q", "-F", "-U", uuid, path.to_str().unwrap()],
+        );
         path
     }
 
     pub fn make_xfs(&self, uuid: &str) -> PathBuf {
         let path = self.backing(uuid);
         self.sparse_file_of(&path, XFS_SIZE);
-        tool("mkfs.xfs", &["-q", "-f", "-m", &format!("uuid={uuid}"), path.to_str().unwrap()]);
+        tool(
+            "mkfs.xfs",
+            &[
+                "-q",
+                "-f",
+                "-m",
+                &format!("uuid={uuid}"),
+                path.to_str().unwrap(),
+            ],
+        );
         path
     }
 
@@ -117,7 +130,16 @@ impl Fixture {
     pub fn make_gpt(&self, uuid: &str) -> PathBuf {
         let path = self.backing(uuid);
         self.sparse_file(&path);
-        tool("sgdisk", &["-n", "1:0:0", "-u", &format!("1:{uuid}"), path.to_str().unwrap()]);
+        tool(
+            "sgdisk",
+            &[
+                "-n",
+                "1:0:0",
+                "-u",
+                &format!("1:{uuid}"),
+                path.to_str().unwrap(),
+            ],
+        );
         path
     }
 
@@ -162,11 +184,20 @@ impl Fixture {
 
 /// Loop devices backing `path`, as `losetup` (util-linux) sees them.
 pub fn loops_of(path: &Path) -> Vec<String> {
-    tool("losetup", &["--noheadings", "--output", "NAME", "-j", path.to_str().unwrap()])
-        .lines()
-        .map(|l| l.trim().to_string())
-        .filter(|l| !l.is_empty())
-        .collect()
+    tool(
+        "losetup",
+        &[
+            "--noheadings",
+            "--output",
+            "NAME",
+            "-j",
+            path.to_str().unwrap(),
+        ],
+    )
+    .lines()
+    .map(|l| l.trim().to_string())
+    .filter(|l| !l.is_empty())
+    .collect()
 }
 
 pub fn sysfs_flag(device: &str, attribute: &str) -> String {

@@ -9,7 +9,7 @@
 # Exits non-zero on any failure; always kills its qemu.
 set -euo pipefail
 
-# shellcheck source=tests/vm/lib.sh
+# shellcheck source-path=SCRIPTDIR source=lib.sh
 . "$(dirname -- "${BASH_SOURCE[0]}")/lib.sh"
 
 PHASE=""
@@ -32,7 +32,7 @@ phase() {
 on_exit() {
     local rc=$?
     if ((rc != 0)); then
-        log "FAILED${PHASE:+ in phase '$PHASE'} (exit $rc)"
+        log "FAILED${PHASE:+ in phase \"$PHASE\"} (exit $rc)"
     fi
     vm_cleanup
     return "$rc"
@@ -65,7 +65,8 @@ uuid=$1
 img=/var/tmp/sv-smoke-gpt.img
 rm -f "$img"
 truncate -s 64M "$img"
-sgdisk -q -n1:0:0 -u1:"$uuid" "$img"
+# Not -q: on a file without a GPT, `sgdisk -q` writes nothing and exits 0.
+sgdisk -n1:0:0 -u1:"$uuid" "$img" >/dev/null
 dev=$(losetup -f -P --show "$img")
 trap 'losetup -d "$dev"; rm -f "$img"' EXIT
 udevadm wait --timeout=30 "/dev/disk/by-partuuid/$uuid"
