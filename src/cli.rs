@@ -1,7 +1,11 @@
 //! The command line, defined once for parsing, man pages and completions.
 
-use clap::{Parser, Subcommand};
+use std::path::PathBuf;
 
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+use crate::registry::{FsType, Mode};
+use crate::size::parse_size;
 use crate::volume_id::VolumeId;
 
 #[derive(Debug, Parser)]
@@ -25,6 +29,42 @@ pub struct Cli {
 
 #[derive(Debug, Subcommand)]
 pub enum Command {
+    /// Create a backing file, format or partition it, and register it.
+    ///
+    /// Never formats an existing file. Repeating the command with the same
+    /// spec changes nothing; a different spec for an existing UUID is an
+    /// error (use `resize` to grow).
+    Create(CreateArgs),
+    /// Adopt an existing backing file whose content carries the UUID.
+    Register {
+        #[arg(long)]
+        uuid: VolumeId,
+        /// Backing file path, inside a storage root.
+        #[arg(long)]
+        path: PathBuf,
+        #[arg(long, value_enum, default_value_t = ModeArg::Filesystem)]
+        mode: ModeArg,
+        /// File system type (filesystem mode).
+        #[arg(long = "fs", value_enum)]
+        fs_type: Option<FsType>,
+        /// Free-text label.
+        #[arg(long)]
+        name: Option<String>,
+    },
+    /// Detach and unregister a volume; keeps its data unless asked.
+    Remove {
+        uuid: VolumeId,
+        /// Also delete the backing file.
+        #[arg(long)]
+        delete_data: bool,
+    },
+    /// Grow a volume: file, loop device, partition and file system.
+    Resize {
+        uuid: VolumeId,
+        /// New size (e.g. 20G); never smaller than the current size.
+        #[arg(long, value_parser = parse_size_arg)]
+        size: u64,
+    },
     /// Attach a registered volume to a loop device (the unit's ExecStart).
     ///
     /// Reuses the loop device if the backing file is already attached,
@@ -41,13 +81,88 @@ pub enum Command {
         /// The volume UUID (canonical lowercase form).
         uuid: VolumeId,
     },
+    /// Audit the registry against files and loop devices.
+    Check {
+        /// Fix what is safe to fix (leftovers, duplicates, unattached volumes).
+        #[arg(long)]
+        repair: bool,
+    },
+}
+
+#[derive(Debug, Args)]
+pub struct CreateArgs {
+    /// Size (4096, 512M, 10G, 1TiB); rounded up to whole MiB.
+    #[arg(long, value_parser = parse_size_arg)]
+    pub size: u64,
+    #[arg(long, value_enum, default_value_t = ModeArg::Filesystem)]
+    pub mode: ModeArg,
+    /// File system type (filesystem mode; default ext4).
+    #[arg(long = "fs", value_enum)]
+    pub fs_type: Option<FsType>,
+    /// Volume UUID; a new one is chosen (and reported) when omitted.
+    #[arg(long)]
+    pub uuid: Option<VolumeId>,
+    /// Free-text label.
+    #[arg(long)]
+    pub name: Option<String>,
+    /// Backing file path (default: <first storage root>/<UUID>).
+    #[arg(long)]
+    pub path: Option<PathBuf>,
+    /// Reserve the space now (fallocate) instead of a sparse file.
+    #[arg(long)]
+    pub preallocate: bool,
+    /// Extra option passed to mkfs (repeatable).
+    #[arg(long = "mkfs-option", allow_hyphen_values = true)]
+    pub mkfs_options: Vec<String>,
+    /// Also attach the volume now.
+    #[arg(long)]
+    pub now: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum ModeArg {
+    Filesystem,
+    Block,
+}
+
+impl ModeArg {
+    /// Combines the mode flags into a [`Mode`], refusing contradictions.
+    pub fn to_mode(
+        self,
+        fs_type: Option<FsType>,
+        mkfs_options: Vec<String>,
+    ) -> Result<Mode, String> {
+        match self {
+            ModeArg::Filesystem => Ok(Mode::Filesystem {
+                fs_type: fs_type.unwrap_or(FsType::Ext4),
+                mkfs_options,
+            }),
+            ModeArg::Block if fs_type.is_some() => {
+                Err("--fs is only valid with --mode filesystem".into())
+            }
+            ModeArg::Block if !mkfs_options.is_empty() => {
+                Err("--mkfs-option is only valid with --mode filesystem".into())
+            }
+            ModeArg::Block => Ok(Mode::Block),
+        }
+    }
+}
+
+fn parse_size_arg(text: &str) -> Result<u64, String> {
+    parse_size(text)
 }
 
 impl Command {
-    /// The volume a command is about.
-    pub fn uuid(&self) -> &VolumeId {
+    /// The volume a command is about, when it names one.
+    pub fn uuid(&self) -> Option<&VolumeId> {
         match self {
-            Command::Attach { uuid } | Command::Detach { uuid } => uuid,
+            Command::Attach { uuid }
+            | Command::Detach { uuid }
+            | Command::Register { uuid, .. }
+            | Command::Remove { uuid, .. }
+            | Command::Resize { uuid, .. } => Some(uuid),
+            Command::Create(args) => args.uuid.as_ref(),
+            Command::Check { .. } => None,
         }
     }
 }

@@ -4,7 +4,7 @@
 //! the operator *why*.
 
 use std::fs;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 /// `maj:min` of `loopN` and of each of its partitions, with their names.
 fn device_numbers(number: u32) -> Vec<(String, String)> {
@@ -27,23 +27,34 @@ fn device_numbers(number: u32) -> Vec<(String, String)> {
     found
 }
 
-/// One sentence per use, e.g. `/dev/loop3p1 is mounted on /srv/data`.
-pub fn users_of_loop(number: u32) -> Vec<String> {
-    let devices = device_numbers(number);
-    let mut users = Vec::new();
+/// Where `loopN` or one of its partitions is mounted: (device name,
+/// mount point), as this process's mount namespace sees it.
+pub fn mounts_of_loop(number: u32) -> Vec<(String, PathBuf)> {
+    mounts_of(&device_numbers(number))
+}
+
+fn mounts_of(devices: &[(String, String)]) -> Vec<(String, PathBuf)> {
     let mountinfo = fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    let mut mounts = Vec::new();
     for line in mountinfo.lines() {
         let fields: Vec<&str> = line.split(' ').collect();
         if fields.len() < 5 {
             continue;
         }
         if let Some((name, _)) = devices.iter().find(|(_, dev)| dev == fields[2]) {
-            users.push(format!(
-                "/dev/{name} is mounted on {}",
-                unescape_mount_path(fields[4])
-            ));
+            mounts.push((name.clone(), PathBuf::from(unescape_mount_path(fields[4]))));
         }
     }
+    mounts
+}
+
+/// One sentence per use, e.g. `/dev/loop3p1 is mounted on /srv/data`.
+pub fn users_of_loop(number: u32) -> Vec<String> {
+    let devices = device_numbers(number);
+    let mut users: Vec<String> = mounts_of(&devices)
+        .into_iter()
+        .map(|(name, point)| format!("/dev/{name} is mounted on {}", point.display()))
+        .collect();
     let swaps = fs::read_to_string("/proc/swaps").unwrap_or_default();
     for line in swaps.lines().skip(1) {
         if let Some(path) = line.split_whitespace().next() {

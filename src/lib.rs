@@ -1,16 +1,21 @@
 //! sparse-volume: persistent loop-device volumes on sparse files.
 
 pub mod backing;
+pub mod capacity;
 pub mod cli;
+pub mod crashpoint;
 pub mod fsutil;
 pub mod inuse;
 pub mod logging;
 pub mod loopdev;
+pub mod mkfs;
 pub mod ops;
 pub mod partition_table;
 pub mod paths;
 pub mod probe;
 pub mod registry;
 pub mod size;
+/// The zbus client inside is behind the `dbus` feature (see the module).
+pub mod systemd;
 pub mod udev;
 pub mod volume_id;

@@ -1,11 +1,10 @@
 use std::process::ExitCode;
 
 use clap::Parser;
-use serde::Serialize;
 
-use sparse_volume::cli::{Cli, Command};
+use sparse_volume::cli::{Cli, Command, CreateArgs};
 use sparse_volume::logging;
-use sparse_volume::ops::{attach, detach};
+use sparse_volume::ops::{attach, check, create, detach, register, remove, resize, Report};
 use sparse_volume::paths::SystemRoot;
 
 fn main() -> ExitCode {
@@ -13,42 +12,118 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     logging::init(cli.verbose);
     let root = SystemRoot::from_env();
-
-    let outcome = match &cli.command {
-        Command::Attach { uuid } => attach::attach(&root, uuid)
-            .map(|r| print(&r, cli.json, r.human(), &r.warnings))
-            .map_err(|e| e.context(format!("attaching {uuid}"))),
-        Command::Detach { uuid } => detach::detach(&root, uuid)
-            .map(|r| print(&r, cli.json, r.human(), &[]))
-            .map_err(|e| e.context(format!("detaching {uuid}"))),
+    let out = Output {
+        json: cli.json,
+        uuid: cli.command.uuid().map(ToString::to_string),
     };
-    match outcome {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(error) => {
-            // One line: "attaching U: backing file … is a symbolic link".
-            let message = format!("{error:#}");
-            eprintln!("sparse-volume: {message}");
-            if cli.json {
-                println!(
-                    "{}",
-                    serde_json::json!({ "changed": false, "uuid": cli.command.uuid().to_string(), "error": message })
-                );
+
+    match &cli.command {
+        Command::Create(args) => match create_request(args) {
+            Ok(request) => {
+                let doing = args
+                    .uuid
+                    .map_or("creating a volume".to_string(), |u| format!("creating {u}"));
+                out.emit(create::create(&root, &request), &doing)
             }
-            ExitCode::FAILURE
+            Err(message) => out.usage(&message),
+        },
+        Command::Register {
+            uuid,
+            path,
+            mode,
+            fs_type,
+            name,
+        } => match mode.to_mode(*fs_type, Vec::new()) {
+            Ok(mode) => {
+                let request = register::RegisterRequest {
+                    uuid: *uuid,
+                    path: path.clone(),
+                    mode,
+                    name: name.clone(),
+                };
+                out.emit(
+                    register::register(&root, &request),
+                    &format!("registering {uuid}"),
+                )
+            }
+            Err(message) => out.usage(&message),
+        },
+        Command::Remove { uuid, delete_data } => out.emit(
+            remove::remove(&root, uuid, *delete_data),
+            &format!("removing {uuid}"),
+        ),
+        Command::Resize { uuid, size } => out.emit(
+            resize::resize(&root, uuid, *size),
+            &format!("resizing {uuid}"),
+        ),
+        Command::Attach { uuid } => {
+            out.emit(attach::attach(&root, uuid), &format!("attaching {uuid}"))
         }
+        Command::Detach { uuid } => {
+            out.emit(detach::detach(&root, uuid), &format!("detaching {uuid}"))
+        }
+        Command::Check { repair } => out.emit(check::check(&root, *repair), "checking volumes"),
     }
 }
 
-fn print<T: Serialize>(report: &T, json: bool, human: String, warnings: &[String]) {
-    for warning in warnings {
-        eprintln!("sparse-volume: warning: {warning}");
-    }
-    if json {
-        match serde_json::to_string(report) {
-            Ok(text) => println!("{text}"),
-            Err(e) => tracing::error!("cannot render the report as JSON: {e}"),
+fn create_request(args: &CreateArgs) -> Result<create::CreateRequest, String> {
+    Ok(create::CreateRequest {
+        size: args.size,
+        mode: args.mode.to_mode(args.fs_type, args.mkfs_options.clone())?,
+        uuid: args.uuid,
+        name: args.name.clone(),
+        path: args.path.clone(),
+        preallocate: args.preallocate,
+        now: args.now,
+    })
+}
+
+/// Prints a command's outcome for people or as one JSON object, and turns
+/// it into the exit status.
+struct Output {
+    json: bool,
+    uuid: Option<String>,
+}
+
+impl Output {
+    fn emit<R: Report>(&self, result: anyhow::Result<R>, doing: &str) -> ExitCode {
+        match result {
+            Ok(report) => {
+                for warning in report.warnings() {
+                    eprintln!("sparse-volume: warning: {warning}");
+                }
+                if self.json {
+                    match serde_json::to_string(&report) {
+                        Ok(text) => println!("{text}"),
+                        Err(e) => eprintln!("sparse-volume: cannot render the report as JSON: {e}"),
+                    }
+                } else {
+                    println!("{}", report.human());
+                }
+                if report.succeeded() {
+                    ExitCode::SUCCESS
+                } else {
+                    ExitCode::FAILURE
+                }
+            }
+            // One line: "attaching U: backing file … is a symbolic link".
+            Err(error) => self.fail(&format!("{doing}: {error:#}"), ExitCode::FAILURE),
         }
-    } else {
-        println!("{human}");
+    }
+
+    /// Argument combinations clap cannot express: still a usage error.
+    fn usage(&self, message: &str) -> ExitCode {
+        self.fail(message, ExitCode::from(2))
+    }
+
+    fn fail(&self, message: &str, code: ExitCode) -> ExitCode {
+        eprintln!("sparse-volume: {message}");
+        if self.json {
+            println!(
+                "{}",
+                serde_json::json!({ "changed": false, "uuid": self.uuid, "error": message })
+            );
+        }
+        code
     }
 }

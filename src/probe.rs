@@ -9,7 +9,7 @@ use anyhow::{Context, Result};
 use gpt::disk::LogicalBlockSize;
 use uuid::Uuid;
 
-use crate::registry::FsType;
+use crate::registry::{FsType, Mode};
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Content {
@@ -37,6 +37,30 @@ impl Content {
             },
             Content::Unrecognised => "no recognised file system or partition table".to_string(),
         }
+    }
+}
+
+/// Whether `content` is what a volume of `mode` with this UUID holds: the
+/// file system UUID, or partition 1's unique GUID.
+pub fn identifies(content: &Content, mode: &Mode, uuid: Uuid) -> bool {
+    match (mode, content) {
+        (
+            Mode::Filesystem { fs_type, .. },
+            Content::Filesystem {
+                fs_type: found,
+                uuid: found_uuid,
+            },
+        ) => fs_type == found && *found_uuid == uuid,
+        (Mode::Block, Content::PartitionTable { partitions }) => partitions.contains(&(1, uuid)),
+        _ => false,
+    }
+}
+
+/// What `identifies` looks for, in words.
+pub fn expected_content(mode: &Mode, uuid: Uuid) -> String {
+    match mode {
+        Mode::Filesystem { fs_type, .. } => format!("an {fs_type} file system with UUID {uuid}"),
+        Mode::Block => format!("a GPT whose partition 1 has GUID {uuid}"),
     }
 }
 

@@ -134,6 +134,18 @@ impl LoopDevice {
         }
     }
 
+    /// Makes the kernel re-read the backing file's size after it grew.
+    pub fn refresh_capacity(&self) -> Result<()> {
+        sys::set_capacity(self.file.as_fd())
+            .with_context(|| format!("refreshing the capacity of {}", self.path().display()))
+    }
+
+    /// Grows partition `number` to the given extent (bytes).
+    pub fn resize_partition(&self, number: i32, start: u64, length: u64) -> Result<()> {
+        sys::resize_partition(self.file.as_fd(), number, start, length)
+            .with_context(|| format!("growing partition {number} of {}", self.path().display()))
+    }
+
     /// Takes a BSD lock on the device node. udev skips devices that are
     /// locked, so it does not probe one we are still configuring.
     pub fn lock(self) -> Result<LockedLoopDevice> {
@@ -194,10 +206,6 @@ impl LockedLoopDevice {
 
     pub fn clear(&self) -> Result<(), Errno> {
         sys::clear_fd(self.file.as_fd())
-    }
-
-    pub fn set_capacity(&self) -> Result<(), Errno> {
-        sys::set_capacity(self.file.as_fd())
     }
 }
 

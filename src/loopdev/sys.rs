@@ -175,6 +175,55 @@ pub fn set_capacity(device: BorrowedFd<'_>) -> Result<(), Errno> {
     check(unsafe { libc::ioctl(device.as_raw_fd(), LOOP_SET_CAPACITY, 0) }).map(drop)
 }
 
+const BLKPG: libc::c_ulong = 0x1269;
+const BLKPG_RESIZE_PARTITION: libc::c_int = 3;
+
+/// `struct blkpg_partition`.
+#[repr(C)]
+struct BlkpgPartition {
+    start: libc::c_longlong,
+    length: libc::c_longlong,
+    pno: libc::c_int,
+    devname: [u8; 64],
+    volname: [u8; 64],
+}
+
+/// `struct blkpg_ioctl_arg`.
+#[repr(C)]
+struct BlkpgIoctlArg {
+    op: libc::c_int,
+    flags: libc::c_int,
+    datalen: libc::c_int,
+    data: *mut libc::c_void,
+}
+
+/// Tells the kernel a partition of `disk` is now `length` bytes long.
+/// Unlike re-reading the table, this works while the partition is mounted.
+pub fn resize_partition(
+    disk: BorrowedFd<'_>,
+    number: i32,
+    start: u64,
+    length: u64,
+) -> Result<(), Errno> {
+    let mut partition = BlkpgPartition {
+        start: i64::try_from(start).map_err(|_| Errno::EINVAL)?,
+        length: i64::try_from(length).map_err(|_| Errno::EINVAL)?,
+        pno: number,
+        devname: [0; 64],
+        volname: [0; 64],
+    };
+    let argument = BlkpgIoctlArg {
+        op: BLKPG_RESIZE_PARTITION,
+        flags: 0,
+        datalen: std::mem::size_of::<BlkpgPartition>() as libc::c_int,
+        data: (&mut partition as *mut BlkpgPartition).cast(),
+    };
+    // SAFETY: `argument` points at a live, correctly sized
+    // `struct blkpg_partition`; both outlive the call.
+    check(unsafe { libc::ioctl(disk.as_raw_fd(), BLKPG, &argument as *const BlkpgIoctlArg) })
+        .map(drop)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -184,6 +233,8 @@ mod tests {
         // Sizes from <linux/loop.h> on every Linux architecture.
         assert_eq!(std::mem::size_of::<LoopInfo64>(), 232);
         assert_eq!(std::mem::size_of::<LoopConfig>(), 304);
+        assert_eq!(std::mem::size_of::<BlkpgPartition>(), 152);
+        assert_eq!(std::mem::size_of::<BlkpgIoctlArg>(), 24);
     }
 
     #[test]

@@ -7,12 +7,14 @@ use std::path::PathBuf;
 use anyhow::{anyhow, bail, Context, Result};
 use serde::Serialize;
 
+use super::Report;
+
 use crate::backing::open_backing_file;
 use crate::loopdev::sys::{LO_FLAGS_PARTSCAN, LO_FLAGS_READ_ONLY};
 use crate::loopdev::{self, BindOptions, LoopDevice, LoopStatus};
 use crate::paths::SystemRoot;
-use crate::probe::{probe, Content};
-use crate::registry::{Mode, Registry, Volume};
+use crate::probe::{expected_content, identifies, probe};
+use crate::registry::{Registry, Volume};
 use crate::udev::{wait_for_link, LinkOutcome};
 use crate::volume_id::VolumeId;
 
@@ -31,8 +33,12 @@ pub struct AttachReport {
     pub warnings: Vec<String>,
 }
 
-impl AttachReport {
-    pub fn human(&self) -> String {
+impl Report for AttachReport {
+    fn warnings(&self) -> Vec<String> {
+        self.warnings.clone()
+    }
+
+    fn human(&self) -> String {
         let mut text = if self.changed {
             format!("attached {} as {}", self.uuid, self.device.display())
         } else {
@@ -145,32 +151,12 @@ pub fn attach(root: &SystemRoot, id: &VolumeId) -> Result<AttachReport> {
 /// under this volume's name would hand it to the wrong consumer.
 fn verify_content(backing: &File, volume: &Volume, path: &std::path::Path) -> Result<()> {
     let content = probe(backing).with_context(|| format!("reading {}", path.display()))?;
-    let uuid = volume.id.uuid();
-    let matches = match (&volume.mode, &content) {
-        (
-            Mode::Filesystem { fs_type, .. },
-            Content::Filesystem {
-                fs_type: found,
-                uuid: found_uuid,
-            },
-        ) => fs_type == found && *found_uuid == uuid,
-        (Mode::Block, Content::PartitionTable { partitions }) => partitions
-            .iter()
-            .any(|(number, guid)| *number == 1 && *guid == uuid),
-        _ => false,
-    };
-    if !matches {
-        let expected = match &volume.mode {
-            Mode::Filesystem { fs_type, .. } => {
-                format!("an {fs_type} file system with UUID {uuid}")
-            }
-            Mode::Block => format!("a GPT whose partition 1 has GUID {uuid}"),
-        };
+    if !identifies(&content, &volume.mode, volume.id.uuid()) {
         bail!(
             "backing file {} holds {}, not {}",
             path.display(),
             content.describe(),
-            expected
+            expected_content(&volume.mode, volume.id.uuid())
         );
     }
     Ok(())

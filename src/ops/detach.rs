@@ -8,6 +8,8 @@ use anyhow::{bail, Result};
 use nix::errno::Errno;
 use serde::Serialize;
 
+use super::Report;
+
 use crate::inuse::users_of_loop;
 use crate::loopdev::{self, sys::LO_FLAGS_AUTOCLEAR, LoopDevice, LoopStatus};
 use crate::paths::SystemRoot;
@@ -24,8 +26,8 @@ pub struct DetachReport {
     pub found_by: Option<&'static str>,
 }
 
-impl DetachReport {
-    pub fn human(&self) -> String {
+impl Report for DetachReport {
+    fn human(&self) -> String {
         if self.devices.is_empty() {
             return format!("{} is not attached", self.uuid);
         }
@@ -129,7 +131,7 @@ pub fn find_devices(root: &SystemRoot, id: &VolumeId) -> Result<(Vec<u32>, &'sta
 /// opener (udev's probe, `blkid`) lets go.
 const RELEASE_GRACE: Duration = Duration::from_secs(3);
 
-fn detach_device(number: u32) -> Result<()> {
+pub(crate) fn detach_device(number: u32) -> Result<()> {
     let path = LoopDevice::path_of(number);
     // O_EXCL makes the kernel answer "is it mounted or held?" atomically
     // and keeps anyone from mounting it while we tear it down.

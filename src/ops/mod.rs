@@ -1,5 +1,28 @@
 //! The volume operations behind the CLI commands. Each returns a report
-//! that the CLI prints for people or as JSON.
+//! that the CLI prints for people or as one JSON object.
 
 pub mod attach;
+pub mod check;
+pub mod create;
 pub mod detach;
+pub mod register;
+pub mod remove;
+pub mod resize;
+
+use serde::Serialize;
+
+/// What a command tells its caller.
+pub trait Report: Serialize {
+    /// One or a few sentences for people.
+    fn human(&self) -> String;
+
+    /// Things that went well enough but deserve a look.
+    fn warnings(&self) -> Vec<String> {
+        Vec::new()
+    }
+
+    /// False when the command ran but found a problem (exit status 1).
+    fn succeeded(&self) -> bool {
+        true
+    }
+}

@@ -11,7 +11,7 @@ use super::error::RegistryError;
 use crate::paths::is_normal_absolute;
 use crate::volume_id::VolumeId;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "lowercase")]
 pub enum FsType {
     Ext4,

@@ -1,0 +1,79 @@
+//! Running the file system tools: mkfs at create, growing at resize.
+
+use std::ffi::OsString;
+use std::path::Path;
+use std::process::Command;
+
+use anyhow::{bail, Context, Result};
+use uuid::Uuid;
+
+use crate::registry::FsType;
+
+/// Runs a tool; on failure the error carries its last line of output.
+pub fn run<I, S>(program: &str, args: I) -> Result<()>
+where
+    I: IntoIterator<Item = S>,
+    S: Into<OsString>,
+{
+    let args: Vec<OsString> = args.into_iter().map(Into::into).collect();
+    let output = Command::new(program)
+        .args(&args)
+        .output()
+        .with_context(|| format!("running {program} (is it installed?)"))?;
+    if !output.status.success() {
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        let last = stderr
+            .lines()
+            .chain(stdout.lines())
+            .rfind(|l| !l.trim().is_empty())
+            .unwrap_or("no output")
+            .trim()
+            .to_string();
+        bail!("{program} failed ({}): {last}", output.status);
+    }
+    Ok(())
+}
+
+/// Makes a file system whose UUID is the volume UUID. Discards are off:
+/// on a file they punch holes, which would undo a preallocation.
+pub fn make_filesystem(
+    target: &Path,
+    fs_type: FsType,
+    uuid: Uuid,
+    options: &[String],
+) -> Result<()> {
+    let uuid = uuid.hyphenated().to_string();
+    let (program, mut args): (&str, Vec<OsString>) = match fs_type {
+        FsType::Ext4 => (
+            "mkfs.ext4",
+            ["-q", "-F", "-E", "nodiscard", "-U", &uuid]
+                .map(OsString::from)
+                .into(),
+        ),
+        FsType::Xfs => (
+            "mkfs.xfs",
+            ["-q", "-K", "-m", &format!("uuid={uuid}")]
+                .map(OsString::from)
+                .into(),
+        ),
+    };
+    args.extend(options.iter().map(OsString::from));
+    args.push(target.as_os_str().to_owned());
+    run(program, args)
+}
+
+/// Grows an ext4 file system to fill its device or image file. resize2fs
+/// works online on a mounted file system; offline it insists on a fresh
+/// fsck first.
+pub fn grow_ext4(target: &Path, mounted: bool) -> Result<()> {
+    if !mounted {
+        run("e2fsck", [OsString::from("-f"), "-p".into(), target.into()])?;
+    }
+    run("resize2fs", [target.as_os_str()])
+}
+
+/// xfs grows only while mounted, addressed by its mount point.
+pub fn grow_xfs(mount_point: &Path) -> Result<()> {
+    run("xfs_growfs", [mount_point.as_os_str()])
+}

@@ -1,0 +1,331 @@
+//! `sparse-volume create`: a new backing file, formatted or partitioned,
+//! then registered — in an order where a crash at any point leaves
+//! either nothing or a hidden `.<UUID>.creating` file that `check`
+//! reports and `check --repair` removes.
+
+use std::fs::{self, DirBuilder, File, OpenOptions};
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context, Result};
+use nix::fcntl::{fallocate, renameat2, FallocateFlags, RenameFlags};
+use serde::Serialize;
+
+use super::attach::attach;
+use super::Report;
+
+use crate::backing::open_backing_file;
+use crate::capacity;
+use crate::crashpoint;
+use crate::fsutil::sync_dir;
+use crate::mkfs::make_filesystem;
+use crate::partition_table;
+use crate::paths::SystemRoot;
+use crate::probe::{identifies, probe};
+use crate::registry::{check_path, check_size, Mode, Registry, Volume};
+use crate::size::format_size;
+use crate::volume_id::VolumeId;
+
+const MIB: u64 = 1 << 20;
+pub const CREATING_SUFFIX: &str = ".creating";
+
+#[derive(Debug, Clone)]
+pub struct CreateRequest {
+    pub size: u64,
+    pub mode: Mode,
+    pub uuid: Option<VolumeId>,
+    pub name: Option<String>,
+    pub path: Option<PathBuf>,
+    pub preallocate: bool,
+    /// Also attach it (and report the device).
+    pub now: bool,
+}
+
+#[derive(Debug, Serialize)]
+pub struct CreateReport {
+    pub changed: bool,
+    pub uuid: String,
+    pub path: PathBuf,
+    pub size: u64,
+    pub requested_size: u64,
+    pub mode: &'static str,
+    pub fs_type: Option<String>,
+    pub preallocated: bool,
+    /// With `--now`: the loop device the volume is attached to.
+    pub device: Option<PathBuf>,
+    /// Set when an interrupted create was completed instead of a new one.
+    pub note: Option<String>,
+}
+
+impl Report for CreateReport {
+    fn human(&self) -> String {
+        let what = if self.changed {
+            "created"
+        } else {
+            "already exists:"
+        };
+        let mut text = format!(
+            "{what} {} volume {} ({}) at {}",
+            self.mode,
+            self.uuid,
+            format_size(self.size),
+            self.path.display()
+        );
+        if self.size != self.requested_size {
+            text.push_str(&format!(
+                " (size rounded up from {} bytes to whole MiB)",
+                self.requested_size
+            ));
+        }
+        if let Some(device) = &self.device {
+            text.push_str(&format!(", attached as {}", device.display()));
+        }
+        if let Some(note) = &self.note {
+            text.push_str(&format!("; {note}"));
+        }
+        text
+    }
+}
+
+/// The hidden name a backing file has while it is being made.
+pub fn creating_path(final_path: &Path) -> PathBuf {
+    let name = final_path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    final_path.with_file_name(format!(".{name}{CREATING_SUFFIX}"))
+}
+
+pub fn create(root: &SystemRoot, request: &CreateRequest) -> Result<CreateReport> {
+    let mut report = create_registered(root, request)?;
+    if request.now {
+        let id: VolumeId = report.uuid.parse().map_err(anyhow::Error::msg)?;
+        let attached = attach(root, &id)?;
+        report.changed |= attached.changed;
+        report.device = Some(attached.device);
+    }
+    Ok(report)
+}
+
+/// Everything but `--now`, under the registry lock.
+fn create_registered(root: &SystemRoot, request: &CreateRequest) -> Result<CreateReport> {
+    if request.size == 0 {
+        bail!("the size must be greater than zero");
+    }
+    let size = request.size.div_ceil(MIB) * MIB;
+    let registry = Registry::open(root.clone())?;
+    let id = request
+        .uuid
+        .unwrap_or_else(|| VolumeId::new(uuid::Uuid::new_v4()));
+    let default_path = registry.config().storage_roots[0].join(id.to_string());
+    let path = request.path.clone().unwrap_or(default_path);
+    check_path(&path, registry.config()).map_err(anyhow::Error::msg)?;
+    check_size(size).map_err(anyhow::Error::msg)?;
+
+    let volume = Volume {
+        id,
+        path: path.clone(),
+        size,
+        mode: request.mode.clone(),
+        enabled: true,
+        read_only: false,
+        direct_io: registry.config().direct_io,
+        preallocated: request.preallocate,
+        name: request.name.clone(),
+    };
+    let report = |changed: bool, volume: &Volume, note: Option<String>| CreateReport {
+        changed,
+        uuid: id.to_string(),
+        path: volume.path.clone(),
+        size: volume.size,
+        requested_size: request.size,
+        mode: volume.mode.name(),
+        fs_type: match &volume.mode {
+            Mode::Filesystem { fs_type, .. } => Some(fs_type.to_string()),
+            Mode::Block => None,
+        },
+        preallocated: volume.preallocated,
+        device: None,
+        note,
+    };
+
+    // One lock around the whole decision and the work: concurrent creates
+    // must see each other's space, and two creates of one UUID must not
+    // both format.
+    let _lock = registry.lock()?;
+    if let Some(existing) = registry.get(&id)? {
+        ensure_same_spec(&existing, request, size)?;
+        return Ok(report(false, &existing, None));
+    }
+
+    let host_path = root.host_path(&path);
+    let directory = host_path
+        .parent()
+        .context("the backing file path has no directory")?
+        .to_path_buf();
+    if fs::symlink_metadata(&host_path).is_ok() {
+        adopt_interrupted(&host_path, &volume)?;
+        registry.put(&volume)?;
+        return Ok(report(
+            true,
+            &volume,
+            Some("completed an interrupted create".into()),
+        ));
+    }
+
+    DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(&directory)
+        .with_context(|| format!("creating {}", directory.display()))?;
+    let capacity = capacity::measure(&registry, &directory, None)?;
+    capacity::ensure_fits(&capacity, size, &directory)?;
+
+    let temporary = creating_path(&host_path);
+    make_backing_file(&temporary, &volume)?;
+    crashpoint::here("create:before-rename");
+    // NOREPLACE: never clobber a file that appeared meanwhile.
+    renameat2(
+        None,
+        &temporary,
+        None,
+        &host_path,
+        RenameFlags::RENAME_NOREPLACE,
+    )
+    .with_context(|| {
+        format!(
+            "renaming {} to {}",
+            temporary.display(),
+            host_path.display()
+        )
+    })?;
+    sync_dir(&directory)?;
+    crashpoint::here("create:before-registry");
+    registry.put(&volume)?;
+    Ok(report(true, &volume, None))
+}
+
+fn ensure_same_spec(existing: &Volume, request: &CreateRequest, size: u64) -> Result<()> {
+    let mut differences = Vec::new();
+    if existing.size != size {
+        differences.push(format!(
+            "size {} (asked {})",
+            format_size(existing.size),
+            format_size(size)
+        ));
+    }
+    if existing.mode.name() != request.mode.name() {
+        differences.push(format!(
+            "mode {} (asked {})",
+            existing.mode.name(),
+            request.mode.name()
+        ));
+    } else if let (
+        Mode::Filesystem {
+            fs_type: a,
+            mkfs_options: oa,
+        },
+        Mode::Filesystem {
+            fs_type: b,
+            mkfs_options: ob,
+        },
+    ) = (&existing.mode, &request.mode)
+    {
+        if a != b {
+            differences.push(format!("file system {a} (asked {b})"));
+        }
+        if !ob.is_empty() && oa != ob {
+            differences.push("mkfs options".to_string());
+        }
+    }
+    if request.path.as_ref().is_some_and(|p| *p != existing.path) {
+        differences.push(format!("path {}", existing.path.display()));
+    }
+    if request.name.is_some() && request.name != existing.name {
+        differences.push("name".to_string());
+    }
+    if existing.preallocated != request.preallocate {
+        differences.push(format!("preallocated = {}", existing.preallocated));
+    }
+    if differences.is_empty() {
+        return Ok(());
+    }
+    let hint = if existing.size < size && differences.len() == 1 {
+        "; use `sparse-volume resize` to grow it"
+    } else {
+        ""
+    };
+    bail!(
+        "the volume already exists with a different spec: {}{hint}",
+        differences.join(", ")
+    )
+}
+
+/// A file at the final path but no registry entry: a create that crashed
+/// after its rename. Adopt it only if it is exactly what we would have
+/// made; anything else is someone's data and is never touched.
+fn adopt_interrupted(host_path: &Path, volume: &Volume) -> Result<()> {
+    let file = open_backing_file(host_path, true)?;
+    let content = probe(&file)?;
+    let length = file.metadata()?.len();
+    let expected = identifies(&content, &volume.mode, volume.id.uuid());
+    if !expected || length != volume.size {
+        bail!(
+            "{} already exists and holds {}; create never overwrites a file (use `sparse-volume register` to adopt it)",
+            host_path.display(),
+            content.describe()
+        );
+    }
+    Ok(())
+}
+
+fn make_backing_file(temporary: &Path, volume: &Volume) -> Result<()> {
+    // A leftover of an earlier crash: never registered, never renamed, so
+    // nothing refers to it (we hold the registry lock).
+    match fs::remove_file(temporary) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(e).with_context(|| format!("removing stale {}", temporary.display())),
+    }
+    let file = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .custom_flags(libc::O_CLOEXEC | libc::O_NOFOLLOW)
+        .open(temporary)
+        .with_context(|| format!("creating {}", temporary.display()))?;
+    allocate(&file, volume.size, volume.preallocated)
+        .with_context(|| format!("sizing {}", temporary.display()))?;
+    crashpoint::here("create:after-allocate");
+    match &volume.mode {
+        Mode::Filesystem {
+            fs_type,
+            mkfs_options,
+        } => {
+            make_filesystem(temporary, *fs_type, volume.id.uuid(), mkfs_options)?;
+        }
+        Mode::Block => {
+            partition_table::write_new(&file, volume.id.uuid())
+                .with_context(|| format!("partitioning {}", temporary.display()))?;
+        }
+    }
+    crashpoint::here("create:after-format");
+    file.sync_all()
+        .with_context(|| format!("syncing {}", temporary.display()))
+}
+
+/// Sparse (`ftruncate`) or reserved (`fallocate`) up to `size`.
+pub fn allocate(file: &File, size: u64, preallocate: bool) -> Result<()> {
+    if preallocate {
+        let length = i64::try_from(size).context("size too large")?;
+        fallocate(
+            std::os::fd::AsRawFd::as_raw_fd(file),
+            FallocateFlags::empty(),
+            0,
+            length,
+        )
+        .context("reserving space with fallocate")?;
+    }
+    file.set_len(size).context("setting the file size")
+}

@@ -1,0 +1,199 @@
+//! `sparse-volume resize U --size S`: grow only. The new size reaches the
+//! registry last, after the file, the loop device, the partition and the
+//! file system all grew, so the registry never records a size that was
+//! not applied. An interrupted resize is finished by running it again.
+
+use std::fs::File;
+use std::os::unix::fs::MetadataExt;
+use std::path::Path;
+
+use anyhow::{bail, Context, Result};
+use nix::mount::{mount, umount, MsFlags};
+use serde::Serialize;
+
+use super::Report;
+
+use super::create::allocate;
+use super::detach::detach_device;
+use crate::backing::open_backing_file;
+use crate::capacity;
+use crate::crashpoint;
+use crate::inuse::mounts_of_loop;
+use crate::loopdev::{self, BindOptions, LoopDevice};
+use crate::mkfs::{grow_ext4, grow_xfs};
+use crate::partition_table;
+use crate::paths::SystemRoot;
+use crate::registry::{FsType, Mode, Registry, Volume};
+use crate::size::format_size;
+use crate::volume_id::VolumeId;
+
+const MIB: u64 = 1 << 20;
+
+#[derive(Debug, Serialize)]
+pub struct ResizeReport {
+    pub changed: bool,
+    pub uuid: String,
+    pub old_size: u64,
+    pub size: u64,
+    /// Loop devices whose capacity was refreshed.
+    pub devices: Vec<String>,
+}
+
+impl Report for ResizeReport {
+    fn human(&self) -> String {
+        if self.changed {
+            format!(
+                "grew {} from {} to {}",
+                self.uuid,
+                format_size(self.old_size),
+                format_size(self.size)
+            )
+        } else {
+            format!("{} already has {}", self.uuid, format_size(self.size))
+        }
+    }
+}
+
+pub fn resize(root: &SystemRoot, id: &VolumeId, requested: u64) -> Result<ResizeReport> {
+    let size = requested.div_ceil(MIB) * MIB;
+    let registry = Registry::open(root.clone())?;
+    let _lock = registry.lock()?;
+    let Some(mut volume) = registry.get(id)? else {
+        bail!("the volume is not registered");
+    };
+    let old_size = volume.size;
+    if size < old_size {
+        bail!(
+            "shrinking is not supported ({} is smaller than the current {}); data would be lost",
+            format_size(size),
+            format_size(old_size)
+        );
+    }
+    let report = |changed, devices| ResizeReport {
+        changed,
+        uuid: id.to_string(),
+        old_size,
+        size,
+        devices,
+    };
+    if size == old_size {
+        return Ok(report(false, Vec::new()));
+    }
+    if volume.read_only {
+        bail!("the volume is read-only; make it writable before growing it");
+    }
+
+    let host_path = root.host_path(&volume.path);
+    let file = open_backing_file(&host_path, false)?;
+    let directory = host_path
+        .parent()
+        .context("the backing file has no directory")?;
+    let allocated = file.metadata()?.blocks() * 512;
+    let capacity = capacity::measure(&registry, directory, Some(id))?;
+    capacity::ensure_fits(&capacity, size.saturating_sub(allocated), directory)?;
+
+    if file.metadata()?.len() < size {
+        allocate(&file, size, volume.preallocated)?;
+        file.sync_all().context("syncing the grown backing file")?;
+    }
+    crashpoint::here("resize:after-file");
+
+    let devices = loopdev::devices_backed_by(&host_path)?;
+    for &number in &devices {
+        LoopDevice::open(number, false)?.refresh_capacity()?;
+    }
+    match &volume.mode {
+        Mode::Block => grow_partition(&file, &volume, &devices)?,
+        Mode::Filesystem { fs_type, .. } => {
+            grow_filesystem(root, &volume, *fs_type, &file, &host_path, &devices)?
+        }
+    }
+    crashpoint::here("resize:before-registry");
+
+    volume.size = size;
+    registry.put(&volume)?;
+    Ok(report(
+        true,
+        devices
+            .iter()
+            .map(|&n| LoopDevice::path_of(n).display().to_string())
+            .collect(),
+    ))
+}
+
+fn grow_partition(file: &File, volume: &Volume, devices: &[u32]) -> Result<()> {
+    let extent = partition_table::grow_to_end(file, volume.id.uuid())?;
+    // The loop device may read the file with direct I/O: the new table
+    // must be on disk, not only in the page cache, before the kernel uses it.
+    file.sync_all().context("syncing the partition table")?;
+    for &number in devices {
+        // Kernels without partition support never made the partition.
+        if Path::new(&format!("/sys/block/loop{number}/loop{number}p1")).exists() {
+            LoopDevice::open(number, false)?.resize_partition(
+                1,
+                extent.start_bytes(),
+                extent.length_bytes(),
+            )?;
+        }
+    }
+    Ok(())
+}
+
+fn grow_filesystem(
+    root: &SystemRoot,
+    volume: &Volume,
+    fs_type: FsType,
+    file: &File,
+    host_path: &Path,
+    devices: &[u32],
+) -> Result<()> {
+    let attached = devices.first().copied();
+    let mounted =
+        attached.and_then(|n| mounts_of_loop(n).into_iter().next().map(|(_, point)| point));
+    match (fs_type, attached, mounted) {
+        (FsType::Ext4, Some(number), mounted) => {
+            grow_ext4(&LoopDevice::path_of(number), mounted.is_some())
+        }
+        (FsType::Ext4, None, _) => grow_ext4(host_path, false),
+        (FsType::Xfs, _, Some(point)) => grow_xfs(&point),
+        (FsType::Xfs, Some(number), None) => grow_xfs_unmounted(root, volume, number),
+        (FsType::Xfs, None, None) => {
+            // xfs grows only while mounted: attach for the duration.
+            let bound = loopdev::bind_to_free_device(
+                file,
+                &BindOptions {
+                    read_only: false,
+                    partition_scan: false,
+                    direct_io: false,
+                    reference: volume.id.loop_reference(),
+                },
+            )?;
+            let grown = grow_xfs_unmounted(root, volume, bound.number);
+            let detached = detach_device(bound.number);
+            grown.and(detached)
+        }
+    }
+}
+
+/// Mounts the device on a private directory just long enough to grow it.
+fn grow_xfs_unmounted(root: &SystemRoot, volume: &Volume, number: u32) -> Result<()> {
+    let base = root.run_dir();
+    std::fs::create_dir_all(&base).with_context(|| format!("creating {}", base.display()))?;
+    let point = tempfile::Builder::new()
+        .prefix(&format!("grow-{}-", volume.id))
+        .tempdir_in(&base)
+        .context("creating a temporary mount point")?;
+    let device = LoopDevice::path_of(number);
+    mount(
+        Some(&device),
+        point.path(),
+        Some("xfs"),
+        MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC,
+        None::<&str>,
+    )
+    .with_context(|| format!("mounting {} to grow it", device.display()))?;
+    let grown = grow_xfs(point.path());
+    let unmounted =
+        umount(point.path()).with_context(|| format!("unmounting {}", point.path().display()));
+    grown.and(unmounted)
+}

@@ -1,0 +1,75 @@
+//! Typed proxies for the parts of systemd's D-Bus API we use
+//! (org.freedesktop.systemd1(5)). Signatures match systemd 252 and later.
+
+use zbus::proxy;
+use zbus::zvariant::{ObjectPath, OwnedObjectPath};
+
+pub const SERVICE: &str = "org.freedesktop.systemd1";
+
+#[proxy(
+    interface = "org.freedesktop.systemd1.Manager",
+    default_service = "org.freedesktop.systemd1",
+    default_path = "/org/freedesktop/systemd1",
+    gen_blocking = false
+)]
+pub trait Manager {
+    /// Asks systemd to send job and unit signals to this client.
+    fn subscribe(&self) -> zbus::Result<()>;
+
+    /// `daemon-reload`: reruns the generators and reloads unit files. The
+    /// reply comes once the reload is done.
+    fn reload(&self) -> zbus::Result<()>;
+
+    /// Queues a start job; the reply carries the job's object path.
+    fn start_unit(&self, name: &str, mode: &str) -> zbus::Result<OwnedObjectPath>;
+
+    fn stop_unit(&self, name: &str, mode: &str) -> zbus::Result<OwnedObjectPath>;
+
+    fn reset_failed_unit(&self, name: &str) -> zbus::Result<()>;
+
+    /// Fails with `org.freedesktop.systemd1.NoSuchUnit` when not loaded.
+    fn get_unit(&self, name: &str) -> zbus::Result<OwnedObjectPath>;
+
+    /// Loads the unit if needed (as `systemctl status` does).
+    fn load_unit(&self, name: &str) -> zbus::Result<OwnedObjectPath>;
+
+    /// `JobRemoved(u id, o job, s unit, s result)`.
+    #[zbus(signal)]
+    fn job_removed(
+        &self,
+        id: u32,
+        job: ObjectPath<'_>,
+        unit: &str,
+        result: &str,
+    ) -> zbus::Result<()>;
+
+    #[zbus(property)]
+    fn version(&self) -> zbus::Result<String>;
+}
+
+#[proxy(
+    interface = "org.freedesktop.systemd1.Unit",
+    default_service = "org.freedesktop.systemd1",
+    gen_blocking = false
+)]
+pub trait Unit {
+    #[zbus(property)]
+    fn active_state(&self) -> zbus::Result<String>;
+
+    #[zbus(property)]
+    fn sub_state(&self) -> zbus::Result<String>;
+
+    #[zbus(property)]
+    fn wanted_by(&self) -> zbus::Result<Vec<String>>;
+}
+
+/// `Result` is a property of the service, not of the generic unit.
+#[proxy(
+    interface = "org.freedesktop.systemd1.Service",
+    default_service = "org.freedesktop.systemd1",
+    gen_blocking = false
+)]
+pub trait Service {
+    #[zbus(property, name = "Result")]
+    fn result(&self) -> zbus::Result<String>;
+}
