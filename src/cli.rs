@@ -81,6 +81,29 @@ pub enum Command {
         /// The volume UUID (canonical lowercase form).
         uuid: VolumeId,
     },
+    /// Enable a volume: set its registry flag and reload systemd, so the
+    /// generator makes it attach at every boot.
+    Enable {
+        uuid: VolumeId,
+        /// Also start its unit now and wait for the result.
+        #[arg(long)]
+        now: bool,
+    },
+    /// Disable a volume: clear its registry flag and reload systemd.
+    Disable {
+        uuid: VolumeId,
+        /// Also stop its unit now (detaching it) and wait for the result.
+        #[arg(long)]
+        now: bool,
+    },
+    /// Start the volume's unit (attach it) and wait for the job result.
+    Start { uuid: VolumeId },
+    /// Stop the volume's unit (detach it) and wait for the job result.
+    Stop { uuid: VolumeId },
+    /// Every volume: size, allocation, loop device, udev link, unit state.
+    List,
+    /// One volume in detail (the same fields as `list`).
+    Status { uuid: VolumeId },
     /// Audit the registry against files and loop devices.
     Check {
         /// Fix what is safe to fix (leftovers, duplicates, unattached volumes).
@@ -160,9 +183,14 @@ impl Command {
             | Command::Detach { uuid }
             | Command::Register { uuid, .. }
             | Command::Remove { uuid, .. }
-            | Command::Resize { uuid, .. } => Some(uuid),
+            | Command::Resize { uuid, .. }
+            | Command::Enable { uuid, .. }
+            | Command::Disable { uuid, .. }
+            | Command::Start { uuid }
+            | Command::Stop { uuid }
+            | Command::Status { uuid } => Some(uuid),
             Command::Create(args) => args.uuid.as_ref(),
-            Command::Check { .. } => None,
+            Command::Check { .. } | Command::List => None,
         }
     }
 }

@@ -5,6 +5,7 @@ use clap::Parser;
 use sparse_volume::cli::{Cli, Command, CreateArgs};
 use sparse_volume::logging;
 use sparse_volume::ops::{attach, check, create, detach, register, remove, resize, Report};
+use sparse_volume::ops::{enable, list, start, status};
 use sparse_volume::paths::SystemRoot;
 
 fn main() -> ExitCode {
@@ -63,6 +64,21 @@ fn main() -> ExitCode {
             out.emit(detach::detach(&root, uuid), &format!("detaching {uuid}"))
         }
         Command::Check { repair } => out.emit(check::check(&root, *repair), "checking volumes"),
+        Command::Enable { uuid, now } => out.emit(
+            enable::enable(&root, uuid, *now),
+            &format!("enabling {uuid}"),
+        ),
+        Command::Disable { uuid, now } => out.emit(
+            enable::disable(&root, uuid, *now),
+            &format!("disabling {uuid}"),
+        ),
+        Command::Start { uuid } => out.emit(start::start(&root, uuid), &format!("starting {uuid}")),
+        Command::Stop { uuid } => out.emit(start::stop(&root, uuid), &format!("stopping {uuid}")),
+        Command::List => out.emit(list::list(&root), "listing volumes"),
+        Command::Status { uuid } => out.emit(
+            status::status(&root, uuid),
+            &format!("reading the status of {uuid}"),
+        ),
     }
 }
 

@@ -23,20 +23,23 @@ where
     if !output.status.success() {
         let stderr = String::from_utf8_lossy(&output.stderr);
         let stdout = String::from_utf8_lossy(&output.stdout);
-        let last = stderr
-            .lines()
-            .chain(stdout.lines())
-            .rfind(|l| !l.trim().is_empty())
-            .unwrap_or("no output")
-            .trim()
-            .to_string();
+        let last_line = |text: &str| {
+            text.lines()
+                .rfind(|l| !l.trim().is_empty())
+                .map(|l| l.trim().to_string())
+        };
+        let last = last_line(&stderr)
+            .or_else(|| last_line(&stdout))
+            .unwrap_or_else(|| "no output".to_string());
         bail!("{program} failed ({}): {last}", output.status);
     }
     Ok(())
 }
 
 /// Makes a file system whose UUID is the volume UUID. Discards are off:
-/// on a file they punch holes, which would undo a preallocation.
+/// on a file they punch holes, which would undo a preallocation. ext4 gets
+/// 4 KiB blocks even when small: volumes are made to grow, and current
+/// kernels refuse to grow 1 KiB-block ext4 online.
 pub fn make_filesystem(
     target: &Path,
     fs_type: FsType,
@@ -47,7 +50,7 @@ pub fn make_filesystem(
     let (program, mut args): (&str, Vec<OsString>) = match fs_type {
         FsType::Ext4 => (
             "mkfs.ext4",
-            ["-q", "-F", "-E", "nodiscard", "-U", &uuid]
+            ["-q", "-F", "-b", "4096", "-E", "nodiscard", "-U", &uuid]
                 .map(OsString::from)
                 .into(),
         ),

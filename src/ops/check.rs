@@ -13,7 +13,7 @@ use serde::Serialize;
 use super::Report;
 
 use super::attach::attach;
-use super::create::CREATING_SUFFIX;
+use super::create::{clear_creating_mark, has_creating_mark, CREATING_SUFFIX};
 use super::detach::detach_device;
 use crate::backing::open_backing_file;
 use crate::capacity;
@@ -226,6 +226,18 @@ fn audit_volume(audit: &mut Audit, volume: &Volume) -> Result<Option<(u64, u64)>
             ),
         );
     }
+    if has_creating_mark(&path) {
+        audit.repairable(
+            "stale-create-mark",
+            Some(volume),
+            Some(&path),
+            format!(
+                "{}: still marked as being created although it is registered",
+                volume.id
+            ),
+            || clear_creating_mark(&path),
+        );
+    }
     let content = probe(&file)?;
     if !identifies(&content, &volume.mode, volume.id.uuid()) {
         audit.report(
@@ -295,14 +307,32 @@ fn storage_root_leftovers(
     for root in &roots {
         for entry in fs::read_dir(root).into_iter().flatten().flatten() {
             let name = entry.file_name().to_string_lossy().into_owned();
-            if name.starts_with('.') && name.ends_with(CREATING_SUFFIX) {
-                let path = entry.path();
+            let path = entry.path();
+            let Ok(meta) = fs::symlink_metadata(&path) else {
+                continue;
+            };
+            if !meta.is_file() || owned.contains(&(meta.dev(), meta.ino())) {
+                continue;
+            }
+            if (name.starts_with('.') && name.ends_with(CREATING_SUFFIX))
+                || has_creating_mark(&path)
+            {
                 audit.repairable(
                     "interrupted-create",
                     None,
                     Some(&path),
                     format!("{} is left over from an interrupted create", path.display()),
                     || fs::remove_file(&path).map_err(Into::into),
+                );
+            } else if !name.starts_with('.') {
+                audit.report(
+                    "unregistered-file",
+                    None,
+                    Some(&path),
+                    format!(
+                        "{} is in a storage root but no volume owns it (register it, or delete it if it is not needed)",
+                        path.display()
+                    ),
                 );
             }
         }

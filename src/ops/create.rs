@@ -28,6 +28,25 @@ use crate::volume_id::VolumeId;
 
 const MIB: u64 = 1 << 20;
 pub const CREATING_SUFFIX: &str = ".creating";
+/// Set on a new backing file until its registry entry is written, so that
+/// `check` can tell an interrupted create (ours to clean up) from data
+/// that was deliberately kept unregistered (`remove` without
+/// `--delete-data`), which it must never touch.
+pub const CREATING_MARK: &str = "user.sparse-volume.creating";
+
+pub fn has_creating_mark(path: &Path) -> bool {
+    matches!(xattr::get(path, CREATING_MARK), Ok(Some(_)))
+}
+
+pub fn clear_creating_mark(path: &Path) -> Result<()> {
+    match xattr::remove(path, CREATING_MARK) {
+        Ok(()) => Ok(()),
+        Err(e) if e.raw_os_error() == Some(libc::ENODATA) => Ok(()),
+        Err(e) => {
+            Err(e).with_context(|| format!("clearing the creating mark of {}", path.display()))
+        }
+    }
+}
 
 #[derive(Debug, Clone)]
 pub struct CreateRequest {
@@ -166,6 +185,7 @@ fn create_registered(root: &SystemRoot, request: &CreateRequest) -> Result<Creat
     if fs::symlink_metadata(&host_path).is_ok() {
         adopt_interrupted(&host_path, &volume)?;
         registry.put(&volume)?;
+        clear_creating_mark(&host_path)?;
         return Ok(report(
             true,
             &volume,
@@ -202,6 +222,8 @@ fn create_registered(root: &SystemRoot, request: &CreateRequest) -> Result<Creat
     sync_dir(&directory)?;
     crashpoint::here("create:before-registry");
     registry.put(&volume)?;
+    crashpoint::here("create:before-unmark");
+    clear_creating_mark(&host_path)?;
     Ok(report(true, &volume, None))
 }
 
@@ -262,9 +284,16 @@ fn ensure_same_spec(existing: &Volume, request: &CreateRequest, size: u64) -> Re
 }
 
 /// A file at the final path but no registry entry: a create that crashed
-/// after its rename. Adopt it only if it is exactly what we would have
-/// made; anything else is someone's data and is never touched.
+/// after its rename. Adopt it only if it still carries the creating mark
+/// and is exactly what we would have made; anything else is someone's
+/// data and is never touched.
 fn adopt_interrupted(host_path: &Path, volume: &Volume) -> Result<()> {
+    if !has_creating_mark(host_path) {
+        bail!(
+            "{} already exists; create never overwrites a file (use `sparse-volume register` to adopt it)",
+            host_path.display()
+        );
+    }
     let file = open_backing_file(host_path, true)?;
     let content = probe(&file)?;
     let length = file.metadata()?.len();
@@ -295,6 +324,13 @@ fn make_backing_file(temporary: &Path, volume: &Volume) -> Result<()> {
         .custom_flags(libc::O_CLOEXEC | libc::O_NOFOLLOW)
         .open(temporary)
         .with_context(|| format!("creating {}", temporary.display()))?;
+    // Without user xattrs on the storage file system, an interrupted
+    // create is still found by its hidden temporary name until the rename.
+    if let Err(e) =
+        xattr::FileExt::set_xattr(&file, CREATING_MARK, volume.id.to_string().as_bytes())
+    {
+        tracing::debug!("cannot mark {} as being created: {e}", temporary.display());
+    }
     allocate(&file, volume.size, volume.preallocated)
         .with_context(|| format!("sizing {}", temporary.display()))?;
     crashpoint::here("create:after-allocate");

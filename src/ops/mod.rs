@@ -5,9 +5,14 @@ pub mod attach;
 pub mod check;
 pub mod create;
 pub mod detach;
+pub mod enable;
+pub mod inspect;
+pub mod list;
 pub mod register;
 pub mod remove;
 pub mod resize;
+pub mod start;
+pub mod status;
 
 use serde::Serialize;
 

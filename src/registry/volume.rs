@@ -258,7 +258,7 @@ pub fn check_path(path: &Path, config: &Config) -> Result<(), String> {
 
 /// Loop devices and partition tables work in 512-byte sectors.
 pub fn check_size(size: u64) -> Result<(), String> {
-    if size == 0 || size % 512 != 0 {
+    if size == 0 || !size.is_multiple_of(512) {
         return Err(format!(
             "size {size} must be a positive multiple of 512 bytes"
         ));

@@ -1,0 +1,131 @@
+//! `sparse-volume enable U [--now]` / `disable U [--now]`: the registry's
+//! `enabled` flag (what the generator turns into a boot-time wants link),
+//! a daemon-reload so systemd sees it, and with `--now` the unit itself.
+
+use anyhow::{anyhow, Context, Result};
+use serde::Serialize;
+
+use super::start::{bring_down, bring_up, UnitOutcome};
+use super::Report;
+use crate::paths::{SystemRoot, VOLUMES_TARGET};
+use crate::registry::Registry;
+use crate::systemd::{unit_name, Systemd};
+use crate::volume_id::VolumeId;
+
+#[derive(Debug, Serialize)]
+pub struct EnableReport {
+    /// The registry flag changed, systemd was reloaded, or (with `--now`)
+    /// the unit was started or stopped.
+    pub changed: bool,
+    pub uuid: String,
+    pub unit: String,
+    pub enabled: bool,
+    /// systemd was reloaded (the flag changed, or systemd's view of the
+    /// unit disagreed with the registry).
+    pub reloaded: bool,
+    /// With `--now`: the start/stop job's result, null when none was needed.
+    pub job_result: Option<String>,
+    /// With `--now`: the unit's state afterwards, else null.
+    pub active_state: Option<String>,
+    pub sub_state: Option<String>,
+}
+
+impl Report for EnableReport {
+    fn human(&self) -> String {
+        let what = if self.enabled { "enabled" } else { "disabled" };
+        let mut text = if self.changed {
+            format!("{} is {what}", self.uuid)
+        } else {
+            format!("{} was already {what}", self.uuid)
+        };
+        if let (Some(active), Some(sub)) = (&self.active_state, &self.sub_state) {
+            text.push_str(&format!("; {} is {active} ({sub})", self.unit));
+        }
+        text
+    }
+}
+
+pub fn enable(root: &SystemRoot, id: &VolumeId, now: bool) -> Result<EnableReport> {
+    set_enabled(root, id, true, now)
+}
+
+pub fn disable(root: &SystemRoot, id: &VolumeId, now: bool) -> Result<EnableReport> {
+    set_enabled(root, id, false, now)
+}
+
+fn set_enabled(root: &SystemRoot, id: &VolumeId, enabled: bool, now: bool) -> Result<EnableReport> {
+    let registry = Registry::open(root.clone())?;
+    let not_registered = || {
+        anyhow!(
+            "the volume is not registered (no {})",
+            root.volume_file(id).display()
+        )
+    };
+    // Check what can fail before changing anything: an unknown volume, or
+    // no systemd to tell about the change.
+    registry.get(id)?.ok_or_else(not_registered)?;
+    let systemd = Systemd::connect()?;
+    let unit = unit_name(id);
+
+    let flag_changed = {
+        let _lock = registry.lock()?;
+        let mut volume = registry.get(id)?.ok_or_else(not_registered)?;
+        let changed = volume.enabled != enabled;
+        if changed {
+            volume.enabled = enabled;
+            registry.put(&volume)?;
+        }
+        changed
+    };
+
+    // A reload reruns every generator, so skip it when systemd already
+    // agrees with the registry; but a flag edited by hand (or a reload
+    // that failed last time) still gets one.
+    let reloaded = flag_changed || !systemd_agrees(&systemd, &unit, enabled);
+    if reloaded {
+        systemd.reload().with_context(|| {
+            format!(
+                "the registry says enabled = {enabled}, but systemd does not know yet (run `systemctl daemon-reload`)"
+            )
+        })?;
+    }
+
+    let outcome: Option<UnitOutcome> = match (now, enabled) {
+        (false, _) => None,
+        (true, true) => Some(bring_up(&systemd, &unit)?),
+        (true, false) => Some(bring_down(&systemd, &unit)?),
+    };
+    let unit_changed = outcome.as_ref().is_some_and(|o| o.changed);
+    let (job_result, active_state, sub_state) = match outcome {
+        Some(o) => (
+            o.job_result,
+            Some(o.state.active_state),
+            Some(o.state.sub_state),
+        ),
+        None => (None, None, None),
+    };
+    Ok(EnableReport {
+        changed: flag_changed || reloaded || unit_changed,
+        uuid: id.to_string(),
+        unit,
+        enabled,
+        reloaded,
+        job_result,
+        active_state,
+        sub_state,
+    })
+}
+
+/// True when systemd's loaded configuration already reflects the flag: the
+/// generator's wants link from `sparse-volumes.target` shows in the
+/// unit's `WantedBy` exactly when the volume is enabled. When in doubt,
+/// say no (a needless reload is harmless, a missing one is not).
+fn systemd_agrees(systemd: &Systemd, unit: &str, enabled: bool) -> bool {
+    match systemd.unit_state(unit) {
+        Ok(state) => state.wanted_by.iter().any(|u| u == VOLUMES_TARGET) == enabled,
+        Err(e) => {
+            tracing::debug!("cannot compare systemd's view of {unit}: {e:#}");
+            false
+        }
+    }
+}

@@ -1,0 +1,260 @@
+//! What `list` and `status` show about a volume: the registry entry, the
+//! backing file, the loop device and udev link, and systemd's unit state.
+//! Everything here only reads, works without root where file permissions
+//! allow, and turns what it cannot see into `null`/`unknown` plus a
+//! problem line instead of failing the whole listing.
+
+use std::fs;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+
+use serde::Serialize;
+
+use crate::loopdev::{bound_devices, devices_backed_by, LoopDevice};
+use crate::paths::SystemRoot;
+use crate::registry::{Mode, Volume};
+use crate::size::format_size;
+use crate::systemd::{unit_name, Systemd};
+
+/// Shown for unit states when systemd cannot be asked.
+pub const UNKNOWN: &str = "unknown";
+
+/// One volume as `list --json` and `status --json` print it. The field
+/// names are a stable interface (documented in the README).
+#[derive(Debug, Clone, Serialize)]
+pub struct VolumeInfo {
+    pub uuid: String,
+    pub name: Option<String>,
+    /// `filesystem` or `block`.
+    pub mode: &'static str,
+    /// `ext4`/`xfs` in filesystem mode, null in block mode.
+    pub fs_type: Option<String>,
+    /// Registered size in bytes.
+    pub size: u64,
+    /// Bytes the backing file occupies on disk (st_blocks * 512); null
+    /// when the file cannot be inspected.
+    pub allocated: Option<u64>,
+    /// Logical path of the backing file, as written in the registry.
+    pub path: PathBuf,
+    pub enabled: bool,
+    pub read_only: bool,
+    /// The loop device the backing file is attached to, null if none.
+    pub device: Option<PathBuf>,
+    /// Block mode: the partition consumers use (`/dev/loopNp1`) when it exists.
+    pub partition: Option<PathBuf>,
+    /// The udev link consumers use: `/dev/disk/by-uuid/U` or `by-partuuid/U`.
+    pub link: PathBuf,
+    /// `linked` (resolves to `partition` or `device`), `missing`, or
+    /// `elsewhere` (resolves to another device).
+    pub link_state: &'static str,
+    /// Where the link resolves to, null when it does not exist.
+    pub link_target: Option<PathBuf>,
+    /// `sparse-volume@<UUID>.service`.
+    pub unit: String,
+    /// systemd's ActiveState, or `unknown` when systemd cannot be asked.
+    pub active_state: String,
+    /// systemd's SubState, or `unknown`.
+    pub sub_state: String,
+    /// The service's Result (`success`, `exit-code`, ...), null when unknown.
+    pub unit_result: Option<String>,
+    /// What could not be determined or looks wrong, one sentence each.
+    pub problems: Vec<String>,
+}
+
+/// Gathers everything about `volume`; `systemd` is `None` when it cannot
+/// be reached (unit state `unknown`).
+pub fn inspect(root: &SystemRoot, volume: &Volume, systemd: Option<&Systemd>) -> VolumeInfo {
+    let mut problems = Vec::new();
+    let host_path = root.host_path(&volume.path);
+
+    let allocated = match fs::symlink_metadata(&host_path) {
+        Ok(meta) if meta.file_type().is_file() => Some(meta.blocks() * 512),
+        Ok(_) => {
+            problems.push(format!(
+                "backing file {} is not a regular file",
+                host_path.display()
+            ));
+            None
+        }
+        Err(e) => {
+            problems.push(format!(
+                "cannot inspect backing file {}: {e}",
+                host_path.display()
+            ));
+            None
+        }
+    };
+
+    let devices = if allocated.is_some() {
+        match attached_devices(&host_path) {
+            Ok(devices) => devices,
+            Err(e) => {
+                problems.push(format!("cannot read the loop devices: {e:#}"));
+                Vec::new()
+            }
+        }
+    } else {
+        Vec::new()
+    };
+    if devices.len() > 1 {
+        problems.push(format!(
+            "the backing file is attached {} times ({}); `sparse-volume check --repair` removes the extra devices",
+            devices.len(),
+            devices
+                .iter()
+                .map(|n| LoopDevice::path_of(*n).display().to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        ));
+    }
+    let device = devices.first().map(|n| LoopDevice::path_of(*n));
+    let partition = device
+        .as_ref()
+        .filter(|_| volume.mode.is_block())
+        .map(|d| PathBuf::from(format!("{}p1", d.display())))
+        .filter(|p| p.exists());
+
+    let link = volume.mode.udev_link(&volume.id);
+    let link_target = fs::canonicalize(&link).ok();
+    let expected = partition.as_ref().or(device.as_ref());
+    let link_state = match (&link_target, expected) {
+        (None, _) => "missing",
+        (Some(target), Some(expected)) if target == expected => "linked",
+        (Some(_), _) => "elsewhere",
+    };
+
+    let unit = unit_name(&volume.id);
+    let (active_state, sub_state, unit_result) = match systemd.map(|s| s.unit_state(&unit)) {
+        Some(Ok(state)) => (state.active_state, state.sub_state, Some(state.result)),
+        Some(Err(e)) => {
+            problems.push(format!("{e:#}"));
+            (UNKNOWN.to_string(), UNKNOWN.to_string(), None)
+        }
+        None => (UNKNOWN.to_string(), UNKNOWN.to_string(), None),
+    };
+
+    let fs_type = match &volume.mode {
+        Mode::Filesystem { fs_type, .. } => Some(fs_type.to_string()),
+        Mode::Block => None,
+    };
+    VolumeInfo {
+        uuid: volume.id.to_string(),
+        name: volume.name.clone(),
+        mode: volume.mode.name(),
+        fs_type,
+        size: volume.size,
+        allocated,
+        path: volume.path.clone(),
+        enabled: volume.enabled,
+        read_only: volume.read_only,
+        device,
+        partition,
+        link,
+        link_state,
+        link_target,
+        unit,
+        active_state,
+        sub_state,
+        unit_result,
+        problems,
+    }
+}
+
+/// Loop devices backed by the file, matched by device + inode. Without
+/// root, `/dev/loopN` cannot be opened to compare inodes; for those
+/// devices the kernel's record of the backing file's path in sysfs (which
+/// anyone may read, and which `losetup` uses the same way) has to do.
+fn attached_devices(host_path: &Path) -> anyhow::Result<Vec<u32>> {
+    let by_inode = devices_backed_by(host_path)?;
+    if !by_inode.is_empty() {
+        return Ok(by_inode);
+    }
+    let Ok(canonical) = fs::canonicalize(host_path) else {
+        return Ok(by_inode);
+    };
+    Ok(bound_devices()?
+        .into_iter()
+        .filter(|n| LoopDevice::open(*n, false).is_err())
+        .filter(|n| {
+            fs::read_to_string(format!("/sys/block/loop{n}/loop/backing_file"))
+                .is_ok_and(|text| Path::new(text.trim_end_matches('\n')) == canonical)
+        })
+        .collect())
+}
+
+impl VolumeInfo {
+    /// `active (exited)`, `inactive (dead)`, `unknown`.
+    pub fn unit_state(&self) -> String {
+        if self.active_state == UNKNOWN {
+            UNKNOWN.to_string()
+        } else {
+            format!("{} ({})", self.active_state, self.sub_state)
+        }
+    }
+
+    /// Several lines, like `systemctl status`.
+    pub fn describe(&self) -> String {
+        let mut lines = vec![match &self.name {
+            Some(name) => format!("{} ({name})", self.uuid),
+            None => self.uuid.clone(),
+        }];
+        let mut row = |key: &str, value: String| lines.push(format!("  {key:<9} {value}"));
+        row(
+            "mode:",
+            match &self.fs_type {
+                Some(fs) => format!("{} ({fs})", self.mode),
+                None => self.mode.to_string(),
+            },
+        );
+        row(
+            "size:",
+            format!(
+                "{} ({} allocated)",
+                format_size(self.size),
+                self.allocated.map_or(UNKNOWN.to_string(), format_size)
+            ),
+        );
+        row("path:", self.path.display().to_string());
+        row(
+            "enabled:",
+            format!(
+                "{}{}",
+                yes_no(self.enabled),
+                if self.read_only { ", read-only" } else { "" }
+            ),
+        );
+        row(
+            "device:",
+            match (&self.device, &self.partition) {
+                (Some(d), Some(p)) => format!("{} (partition {})", d.display(), p.display()),
+                (Some(d), None) => d.display().to_string(),
+                (None, _) => "not attached".to_string(),
+            },
+        );
+        row(
+            "link:",
+            match &self.link_target {
+                Some(target) => format!(
+                    "{} -> {} ({})",
+                    self.link.display(),
+                    target.display(),
+                    self.link_state
+                ),
+                None => format!("{} (missing)", self.link.display()),
+            },
+        );
+        let mut unit = format!("{}: {}", self.unit, self.unit_state());
+        if let Some(result) = self.unit_result.as_deref().filter(|r| *r != "success") {
+            unit.push_str(&format!(", result {result}"));
+        }
+        row("unit:", unit);
+        for problem in &self.problems {
+            lines.push(format!("  problem:  {problem}"));
+        }
+        lines.join("\n")
+    }
+}
+
+pub fn yes_no(value: bool) -> String {
+    if value { "yes" } else { "no" }.to_string()
+}

@@ -1,0 +1,51 @@
+//! `sparse-volume status U`: one volume in detail (the same fields as a
+//! `list` row).
+
+use anyhow::{anyhow, Result};
+use serde::Serialize;
+
+use super::inspect::{inspect, VolumeInfo};
+use super::list::connect_for_reading;
+use super::Report;
+use crate::paths::SystemRoot;
+use crate::registry::Registry;
+use crate::volume_id::VolumeId;
+
+#[derive(Debug, Serialize)]
+pub struct StatusReport {
+    /// Always false: status changes nothing.
+    pub changed: bool,
+    #[serde(flatten)]
+    pub volume: VolumeInfo,
+    /// Null when systemd answered; otherwise why the unit state is `unknown`.
+    pub systemd_error: Option<String>,
+}
+
+pub fn status(root: &SystemRoot, id: &VolumeId) -> Result<StatusReport> {
+    let registry = Registry::open(root.clone())?;
+    let volume = registry.get(id)?.ok_or_else(|| {
+        anyhow!(
+            "the volume is not registered (no {})",
+            root.volume_file(id).display()
+        )
+    })?;
+    let (systemd, systemd_error) = connect_for_reading(true);
+    Ok(StatusReport {
+        changed: false,
+        volume: inspect(root, &volume, systemd.as_ref()),
+        systemd_error,
+    })
+}
+
+impl Report for StatusReport {
+    fn human(&self) -> String {
+        self.volume.describe()
+    }
+
+    fn warnings(&self) -> Vec<String> {
+        self.systemd_error
+            .iter()
+            .map(|e| format!("the unit state is unknown: {e}"))
+            .collect()
+    }
+}
