@@ -33,7 +33,10 @@ impl Kmsg {
         Self { kmsg }
     }
 
+    /// Logs `message` as one line: some parser messages span several.
     pub fn log(&self, level: Level, message: &str) {
+        let message = one_line(message);
+        let message = message.as_str();
         match &self.kmsg {
             // One write is one record; a failed log line must not stop the
             // generator, so errors are ignored.
@@ -43,7 +46,7 @@ impl Kmsg {
                     level as u8,
                     truncate(message, MAX_RECORD - IDENT.len() - 8)
                 );
-                let _ = (&*file).write(line.as_bytes());
+                let _ = (&*file).write_all(line.as_bytes());
             }
             None => {
                 let _ = writeln!(std::io::stderr().lock(), "{IDENT}: {message}");
@@ -60,6 +63,14 @@ impl Kmsg {
     }
 }
 
+fn one_line(text: &str) -> String {
+    text.lines()
+        .map(str::trim)
+        .filter(|line| !line.is_empty())
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
 fn truncate(text: &str, max: usize) -> &str {
     if text.len() <= max {
         return text;
@@ -74,6 +85,15 @@ fn truncate(text: &str, max: usize) -> &str {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn joins_lines() {
+        assert_eq!(
+            one_line("a.toml:3: invalid array\nexpected `]`\n"),
+            "a.toml:3: invalid array; expected `]`"
+        );
+        assert_eq!(one_line("plain"), "plain");
+    }
 
     #[test]
     fn truncates_on_a_character_boundary() {

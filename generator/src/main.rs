@@ -29,7 +29,7 @@ usage: sparse-volume-generator NORMAL_DIR [EARLY_DIR LATE_DIR]
 
 A systemd generator (see systemd.generator(7)): systemd passes three output
 directories; one directory is accepted for testing (systemd-analyze, tests).
-Units are written into the first. SPARSE_VOLUME_ROOT=DIR reads the registry
+Links and drop-ins go into the first. SPARSE_VOLUME_ROOT=DIR reads the registry
 below DIR instead of /.
 ";
 

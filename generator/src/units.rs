@@ -47,7 +47,7 @@ impl Plan {
         let instance = format!("sparse-volume@{}.service", volume.id);
         let dropin = volume_dropin(volume)?;
         self.outputs.insert(
-            PathBuf::from(format!("{VOLUMES_TARGET}.wants")).join(&instance),
+            PathBuf::from(format!("{VOLUMES_TARGET}.requires")).join(&instance),
             Output::Symlink(Path::new(SYSTEM_UNIT_DIR).join(UNIT_TEMPLATE)),
         );
         self.outputs.insert(
@@ -123,26 +123,15 @@ fn mount_dependency(backing_file: &Path) -> Option<&Path> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use sparse_volume::registry::FsType;
 
-    fn volume(path: &str, mode: Mode) -> Volume {
-        Volume {
-            id: "6f1c2a8e-3b4d-4e5f-8a9b-0c1d2e3f4a5b".parse().unwrap(),
-            path: PathBuf::from(path),
-            size: 1 << 20,
-            mode,
-            enabled: true,
-            read_only: false,
-            direct_io: true,
-            name: None,
-        }
-    }
+    const ID: &str = "6f1c2a8e-3b4d-4e5f-8a9b-0c1d2e3f4a5b";
 
-    fn ext4() -> Mode {
-        Mode::Filesystem {
-            fs_type: FsType::Ext4,
-            mkfs_options: vec![],
-        }
+    /// Built from registry text, as the generator sees volumes.
+    fn volume(path: &str, mode: &str) -> Volume {
+        let roots = "storage_roots = [\"/var/lib/sparse-volume\", \"/srv\"]";
+        let config = Config::parse(Path::new("config.toml"), roots).unwrap();
+        let text = format!("uuid = \"{ID}\"\npath = {path:?}\nsize = 1048576\nmode = \"{mode}\"\n");
+        Volume::parse(Path::new(&format!("{ID}.toml")), &text, &config).unwrap()
     }
 
     #[test]
@@ -152,7 +141,7 @@ mod tests {
 
     #[test]
     fn default_root_needs_no_mount_dependency() {
-        let text = volume_dropin(&volume("/var/lib/sparse-volume/x", ext4())).unwrap();
+        let text = volume_dropin(&volume("/var/lib/sparse-volume/x", "filesystem")).unwrap();
         assert!(!text.contains("RequiresMountsFor"), "{text}");
         assert!(text.starts_with(HEADER));
         assert!(text.contains(
@@ -162,7 +151,7 @@ mod tests {
 
     #[test]
     fn block_mode_uses_the_partuuid_link() {
-        let text = volume_dropin(&volume("/var/lib/sparse-volume/x", Mode::Block)).unwrap();
+        let text = volume_dropin(&volume("/var/lib/sparse-volume/x", "block")).unwrap();
         assert!(
             text.contains("Wants=blockdev@dev-disk-by\\x2dpartuuid-6f1c"),
             "{text}"
@@ -175,7 +164,7 @@ mod tests {
             ("/srv/volumes/x", "/srv/volumes"),
             ("/var/lib/sparse-volume/ssd/x", "/var/lib/sparse-volume/ssd"),
         ] {
-            let text = volume_dropin(&volume(path, ext4())).unwrap();
+            let text = volume_dropin(&volume(path, "filesystem")).unwrap();
             assert!(
                 text.ends_with(&format!("RequiresMountsFor={dir}\n")),
                 "{text}"
@@ -185,15 +174,18 @@ mod tests {
 
     #[test]
     fn unexpressible_path_adds_nothing() {
+        // The registry refuses such paths; a Volume built in code may not.
         let mut plan = Plan::default();
-        assert!(plan.add_volume(&volume("/srv/a\nb/x", ext4())).is_err());
+        let mut bad = volume("/srv/x", "filesystem");
+        bad.path = PathBuf::from("/srv/a\nb/x");
+        assert!(plan.add_volume(&bad).is_err());
         assert!(plan.finish(&Config::default()).is_empty());
     }
 
     #[test]
     fn long_udev_wait_extends_the_start_timeout() {
         let mut plan = Plan::default();
-        plan.add_volume(&volume("/var/lib/sparse-volume/x", ext4()))
+        plan.add_volume(&volume("/var/lib/sparse-volume/x", "filesystem"))
             .unwrap();
         let config = Config {
             udev_timeout: Duration::from_secs(120),

@@ -24,7 +24,10 @@ enum Node {
 }
 
 fn fixtures() -> Vec<PathBuf> {
-    let base = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/generator");
+    let base = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../tests/generator")
+        .canonicalize()
+        .expect("the tests/generator fixtures directory");
     let mut cases: Vec<PathBuf> = fs::read_dir(&base)
         .unwrap_or_else(|e| panic!("reading {}: {e}", base.display()))
         .map(|entry| entry.unwrap().path())

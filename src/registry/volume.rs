@@ -241,6 +241,10 @@ pub fn check_path(path: &Path, config: &Config) -> Result<(), String> {
             path.display()
         ));
     }
+    // Such a path cannot be written into a unit file (RequiresMountsFor=).
+    if path.to_string_lossy().chars().any(char::is_control) {
+        return Err(format!("path {path:?} must not contain control characters"));
+    }
     if config.storage_root_of(path).is_none() {
         let roots: Vec<_> = config
             .storage_roots
@@ -327,6 +331,11 @@ mod tests {
                 "normalised",
             ),
             (minimal("").replace("1048576", "1000"), 3, "multiple of 512"),
+            (
+                minimal("").replace("sparse-volume/", "sparse-volume/a\\tb/"),
+                2,
+                "control characters",
+            ),
             (minimal("").replace("1048576", "0"), 3, "positive"),
             (minimal("").replace("1048576", "-512"), 3, "positive"),
             (

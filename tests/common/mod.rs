@@ -223,8 +223,8 @@ impl Drop for Fixture {
                 continue;
             };
             for device in String::from_utf8_lossy(&output.stdout).split_whitespace() {
-                let _ = Command::new("umount").arg(&device).output();
-                let _ = Command::new("losetup").args(["-d", &device]).output();
+                let _ = Command::new("umount").arg(device).output();
+                let _ = Command::new("losetup").args(["-d", device]).output();
             }
         }
     }
