@@ -13,7 +13,8 @@ ours=$PWD/target/release/sparse-volume-generator
 theirs=$(command -v systemd-fstab-generator || echo /lib/systemd/system-generators/systemd-fstab-generator)
 [ -x "$theirs" ] || { echo "systemd-fstab-generator not found (package systemd)" >&2; exit 1; }
 
-work=$(mktemp -d)
+# Generators write to /run, a tmpfs: measure there, not on a disk.
+work=$(mktemp -d -p /dev/shm)
 trap 'rm -rf "$work"' EXIT
 mkdir -p "$work/root/etc/sparse-volume/volumes.d" "$work/out"
 : > "$work/fstab"

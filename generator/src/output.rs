@@ -1,13 +1,14 @@
 //! Puts the planned files and links into the output directory, each one
-//! whole or not at all: a file is written under a temporary name and
-//! renamed into place, so systemd never reads half a drop-in.
+//! whole or not at all: it is made under a temporary name and renamed into
+//! place, so systemd never reads half a drop-in. No fsync: the output lives
+//! on /run (tmpfs) and is made anew at every boot and daemon-reload.
 
 use std::fs;
+use std::io;
 use std::os::unix::fs::symlink;
 use std::path::Path;
 
 use anyhow::{Context, Result};
-use sparse_volume::fsutil::write_atomically;
 
 use crate::units::{Output, Outputs};
 
@@ -19,38 +20,29 @@ pub fn write_all(dir: &Path, outputs: &Outputs) -> Result<()> {
                 .with_context(|| format!("creating directory {}", parent.display()))?;
         }
         match output {
-            Output::File(text) => write_atomically(&path, text.as_bytes(), 0o644)?,
-            Output::Symlink(target) => replace_symlink(&path, target)?,
+            Output::File(text) => replace(&path, |temp| fs::write(temp, text))
+                .with_context(|| format!("writing {}", path.display()))?,
+            Output::Symlink(target) => replace(&path, |temp| symlink(target, temp))
+                .with_context(|| format!("linking {} to {}", path.display(), target.display()))?,
         }
     }
     Ok(())
 }
 
-/// Creates `link` → `target`, replacing whatever is there (systemd hands
-/// generators empty directories, but a run by hand may repeat itself).
-fn replace_symlink(link: &Path, target: &Path) -> Result<()> {
-    let name = link
-        .file_name()
-        .with_context(|| format!("{} has no file name", link.display()))?;
-    let temp = link.with_file_name(format!(".{}.tmp", name.to_string_lossy()));
-    if let Err(e) = fs::remove_file(&temp) {
-        if e.kind() != std::io::ErrorKind::NotFound {
-            return Err(e).with_context(|| format!("removing {}", temp.display()));
-        }
+/// Makes `path` with `make` under a temporary name, then renames it over
+/// whatever is there (systemd hands generators empty directories, but a
+/// run by hand may repeat itself).
+fn replace(path: &Path, make: impl FnOnce(&Path) -> io::Result<()>) -> io::Result<()> {
+    let name = path.file_name().unwrap_or_default().to_string_lossy();
+    let temp = path.with_file_name(format!(".{name}.tmp"));
+    match fs::remove_file(&temp) {
+        Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
+        _ => {}
     }
-    symlink(target, &temp).with_context(|| {
-        format!(
-            "creating symlink {} -> {}",
-            temp.display(),
-            target.display()
-        )
-    })?;
-    if let Err(e) = fs::rename(&temp, link) {
+    make(&temp)?;
+    fs::rename(&temp, path).inspect_err(|_| {
         let _ = fs::remove_file(&temp);
-        return Err(e)
-            .with_context(|| format!("renaming {} to {}", temp.display(), link.display()));
-    }
-    Ok(())
+    })
 }
 
 #[cfg(test)]
