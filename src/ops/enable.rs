@@ -83,6 +83,7 @@ fn set_enabled(root: &SystemRoot, id: &VolumeId, enabled: bool, now: bool) -> Re
     // that failed last time) still gets one.
     let reloaded = flag_changed || !systemd_agrees(&systemd, &unit, enabled);
     if reloaded {
+        tracing::info!("reloading systemd (daemon-reload) for {unit}");
         systemd.reload().with_context(|| {
             format!(
                 "the registry says enabled = {enabled}, but systemd does not know yet (run `systemctl daemon-reload`)"
@@ -117,12 +118,13 @@ fn set_enabled(root: &SystemRoot, id: &VolumeId, enabled: bool, now: bool) -> Re
 }
 
 /// True when systemd's loaded configuration already reflects the flag: the
-/// generator's wants link from `sparse-volumes.target` shows in the
-/// unit's `WantedBy` exactly when the volume is enabled. When in doubt,
-/// say no (a needless reload is harmless, a missing one is not).
+/// generator's link from `sparse-volumes.target` (a `.requires` link, or
+/// `.wants`) shows in the unit's `RequiredBy`/`WantedBy` exactly when the
+/// volume is enabled. When in doubt, say no (a needless reload is
+/// harmless, a missing one is not).
 fn systemd_agrees(systemd: &Systemd, unit: &str, enabled: bool) -> bool {
     match systemd.unit_state(unit) {
-        Ok(state) => state.wanted_by.iter().any(|u| u == VOLUMES_TARGET) == enabled,
+        Ok(state) => state.is_pulled_in_by(VOLUMES_TARGET) == enabled,
         Err(e) => {
             tracing::debug!("cannot compare systemd's view of {unit}: {e:#}");
             false

@@ -14,7 +14,7 @@ use crate::loopdev::{bound_devices, devices_backed_by, LoopDevice};
 use crate::paths::SystemRoot;
 use crate::registry::{Mode, Volume};
 use crate::size::format_size;
-use crate::systemd::{unit_name, Systemd};
+use crate::systemd::{unit_name, Systemd, UnitState};
 
 /// Shown for unit states when systemd cannot be asked.
 pub const UNKNOWN: &str = "unknown";
@@ -61,9 +61,31 @@ pub struct VolumeInfo {
     pub problems: Vec<String>,
 }
 
-/// Gathers everything about `volume`; `systemd` is `None` when it cannot
-/// be reached (unit state `unknown`).
-pub fn inspect(root: &SystemRoot, volume: &Volume, systemd: Option<&Systemd>) -> VolumeInfo {
+/// What systemd said about a volume's unit.
+pub enum UnitLookup {
+    Known(UnitState),
+    /// systemd was not asked (it cannot be reached): `unknown`, no problem
+    /// line per volume (the listing says why once).
+    NotAsked,
+    /// Asking failed: `unknown`, and why as a problem line.
+    Failed(String),
+}
+
+impl UnitLookup {
+    /// Asks `systemd` (if there is one) about the volume's unit. After a
+    /// failure the caller should stop asking: a systemd that did not
+    /// answer once would make every further volume wait as long.
+    pub fn ask(systemd: Option<&Systemd>, volume: &Volume) -> Self {
+        match systemd.map(|s| s.unit_state(&unit_name(&volume.id))) {
+            Some(Ok(state)) => UnitLookup::Known(state),
+            Some(Err(e)) => UnitLookup::Failed(format!("{e:#}")),
+            None => UnitLookup::NotAsked,
+        }
+    }
+}
+
+/// Gathers everything about `volume`, with systemd's answer about its unit.
+pub fn inspect(root: &SystemRoot, volume: &Volume, unit_lookup: UnitLookup) -> VolumeInfo {
     let mut problems = Vec::new();
     let host_path = root.host_path(&volume.path);
 
@@ -85,16 +107,12 @@ pub fn inspect(root: &SystemRoot, volume: &Volume, systemd: Option<&Systemd>) ->
         }
     };
 
-    let devices = if allocated.is_some() {
-        match attached_devices(&host_path) {
-            Ok(devices) => devices,
-            Err(e) => {
-                problems.push(format!("cannot read the loop devices: {e:#}"));
-                Vec::new()
-            }
+    let devices = match attached_devices(&host_path) {
+        Ok(devices) => devices,
+        Err(e) => {
+            problems.push(format!("cannot read the loop devices: {e:#}"));
+            Vec::new()
         }
-    } else {
-        Vec::new()
     };
     if devices.len() > 1 {
         problems.push(format!(
@@ -124,13 +142,13 @@ pub fn inspect(root: &SystemRoot, volume: &Volume, systemd: Option<&Systemd>) ->
     };
 
     let unit = unit_name(&volume.id);
-    let (active_state, sub_state, unit_result) = match systemd.map(|s| s.unit_state(&unit)) {
-        Some(Ok(state)) => (state.active_state, state.sub_state, Some(state.result)),
-        Some(Err(e)) => {
-            problems.push(format!("{e:#}"));
+    let (active_state, sub_state, unit_result) = match unit_lookup {
+        UnitLookup::Known(state) => (state.active_state, state.sub_state, Some(state.result)),
+        UnitLookup::Failed(error) => {
+            problems.push(error);
             (UNKNOWN.to_string(), UNKNOWN.to_string(), None)
         }
-        None => (UNKNOWN.to_string(), UNKNOWN.to_string(), None),
+        UnitLookup::NotAsked => (UNKNOWN.to_string(), UNKNOWN.to_string(), None),
     };
 
     let fs_type = match &volume.mode {
@@ -161,23 +179,23 @@ pub fn inspect(root: &SystemRoot, volume: &Volume, systemd: Option<&Systemd>) ->
 }
 
 /// Loop devices backed by the file, matched by device + inode. Without
-/// root, `/dev/loopN` cannot be opened to compare inodes; for those
-/// devices the kernel's record of the backing file's path in sysfs (which
-/// anyone may read, and which `losetup` uses the same way) has to do.
+/// root, `/dev/loopN` cannot be opened to compare inodes (and the storage
+/// directory may not even be searchable); for the devices we cannot open,
+/// the kernel's record of the backing file's path in sysfs (readable by
+/// anyone, and what `losetup` shows unprivileged users too) has to do.
 fn attached_devices(host_path: &Path) -> anyhow::Result<Vec<u32>> {
-    let by_inode = devices_backed_by(host_path)?;
-    if !by_inode.is_empty() {
-        return Ok(by_inode);
+    if let Ok(by_inode) = devices_backed_by(host_path) {
+        if !by_inode.is_empty() {
+            return Ok(by_inode);
+        }
     }
-    let Ok(canonical) = fs::canonicalize(host_path) else {
-        return Ok(by_inode);
-    };
+    let wanted = fs::canonicalize(host_path).unwrap_or_else(|_| host_path.to_path_buf());
     Ok(bound_devices()?
         .into_iter()
         .filter(|n| LoopDevice::open(*n, false).is_err())
         .filter(|n| {
             fs::read_to_string(format!("/sys/block/loop{n}/loop/backing_file"))
-                .is_ok_and(|text| Path::new(text.trim_end_matches('\n')) == canonical)
+                .is_ok_and(|text| Path::new(text.trim_end_matches('\n')) == wanted)
         })
         .collect())
 }

@@ -6,7 +6,7 @@
 use anyhow::Result;
 use serde::Serialize;
 
-use super::inspect::{inspect, yes_no, VolumeInfo, UNKNOWN};
+use super::inspect::{inspect, yes_no, UnitLookup, VolumeInfo, UNKNOWN};
 use super::Report;
 use crate::paths::SystemRoot;
 use crate::registry::{Registry, RegistryError};
@@ -45,12 +45,20 @@ impl From<&RegistryError> for RegistryErrorRow {
 pub fn list(root: &SystemRoot) -> Result<ListReport> {
     let registry = Registry::open(root.clone())?;
     let entries = registry.entries()?;
-    let (systemd, systemd_error) = connect_for_reading(!entries.is_empty());
+    let (mut systemd, mut systemd_error) = connect_for_reading(!entries.is_empty());
     let mut volumes = Vec::new();
     let mut errors = Vec::new();
     for entry in &entries {
         match &entry.volume {
-            Ok(volume) => volumes.push(inspect(root, volume, systemd.as_ref())),
+            Ok(volume) => {
+                let lookup = UnitLookup::ask(systemd.as_ref(), volume);
+                if let UnitLookup::Failed(error) = &lookup {
+                    // Stop asking: one slow answer is enough to wait for.
+                    systemd_error = Some(error.clone());
+                    systemd = None;
+                }
+                volumes.push(inspect(root, volume, lookup));
+            }
             Err(error) => errors.push(RegistryErrorRow::from(error)),
         }
     }
@@ -146,4 +154,18 @@ fn table(rows: &[Vec<String>]) -> Vec<String> {
             line.trim_end().to_string()
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn table_aligns_columns_and_leaves_the_last_unpadded() {
+        let rows = vec![
+            vec!["A".to_string(), "BB".to_string(), "C".to_string()],
+            vec!["aaa".to_string(), "b".to_string(), "cc".to_string()],
+        ];
+        assert_eq!(table(&rows), vec!["A    BB  C", "aaa  b   cc"]);
+    }
 }

@@ -7,7 +7,7 @@ use serde::Serialize;
 use super::Report;
 use crate::paths::SystemRoot;
 use crate::registry::Registry;
-use crate::systemd::{last_journal_lines, unit_name, Systemd, UnitState, JOB_DONE};
+use crate::systemd::{job_wait, last_journal_lines, unit_name, Systemd, UnitState, JOB_DONE};
 use crate::volume_id::VolumeId;
 
 /// Enough journal to show why an attach failed, short enough to read.
@@ -90,7 +90,8 @@ pub(super) fn bring_up(systemd: &Systemd, unit: &str) -> Result<UnitOutcome> {
         // that earlier failures (at boot, say) used up.
         systemd.reset_failed(unit)?;
     }
-    let result = systemd.start_unit(unit)?;
+    tracing::info!("starting {unit} (was {})", before.active_state);
+    let result = systemd.start_unit(unit, job_wait(before.start_timeout()))?;
     finish(systemd, unit, "start", result)
 }
 
@@ -114,7 +115,8 @@ pub(super) fn bring_down(systemd: &Systemd, unit: &str) -> Result<UnitOutcome> {
             state: systemd.unit_state(unit)?,
         });
     }
-    let result = systemd.stop_unit(unit)?;
+    tracing::info!("stopping {unit} (was {})", before.active_state);
+    let result = systemd.stop_unit(unit, job_wait(before.stop_timeout()))?;
     finish(systemd, unit, "stop", result)
 }
 

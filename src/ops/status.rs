@@ -4,7 +4,7 @@
 use anyhow::{anyhow, Result};
 use serde::Serialize;
 
-use super::inspect::{inspect, VolumeInfo};
+use super::inspect::{inspect, UnitLookup, VolumeInfo};
 use super::list::connect_for_reading;
 use super::Report;
 use crate::paths::SystemRoot;
@@ -32,7 +32,7 @@ pub fn status(root: &SystemRoot, id: &VolumeId) -> Result<StatusReport> {
     let (systemd, systemd_error) = connect_for_reading(true);
     Ok(StatusReport {
         changed: false,
-        volume: inspect(root, &volume, systemd.as_ref()),
+        volume: inspect(root, &volume, UnitLookup::ask(systemd.as_ref(), &volume)),
         systemd_error,
     })
 }

@@ -17,13 +17,17 @@ use zbus::connection;
 use zbus::proxy::CacheProperties;
 use zbus::Connection;
 
-use super::job_timeout;
+use super::job_wait;
 use super::proxy::{ManagerProxy, ServiceProxy, UnitProxy, SERVICE};
 use super::unit::UnitState;
 
 /// Connecting and authenticating to a local bus takes milliseconds; a bus
 /// that does not answer within this is as good as absent.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+/// The first call to systemd. A bus without systemd answers it at once
+/// (ServiceUnknown); this only bounds a systemd that is there but busy,
+/// e.g. in the middle of a daemon-reload, which must not read as absent.
+const PROBE_TIMEOUT: Duration = Duration::from_secs(10);
 /// The D-Bus convention for a method call (sd-bus and libdbus use 25 s).
 const CALL_TIMEOUT: Duration = Duration::from_secs(25);
 
@@ -59,9 +63,9 @@ impl Systemd {
             .cache_properties(CacheProperties::No)
             .build()
             .await?;
-        // A cheap call that only systemd answers: a bus without systemd
-        // fails it at once (ServiceUnknown), a hung one within the timeout.
-        let version = call(CONNECT_TIMEOUT, manager.version()).await?;
+        // A cheap call that only systemd answers, so that "no systemd"
+        // reads the same whichever command runs into it.
+        let version = call(PROBE_TIMEOUT, manager.version()).await?;
         Ok(Self {
             connection,
             manager,
@@ -76,22 +80,24 @@ impl Systemd {
     }
 
     /// `daemon-reload`, so the generator sees the registry as it is now.
-    /// Bounded by the job timeout: a reload is as slow as all generators
-    /// and unit files together.
+    /// Bounded like a job: a reload is as slow as all generators and unit
+    /// files together.
     pub fn reload(&self) -> Result<()> {
-        block_on(call(job_timeout(), self.manager.reload())).context("reloading systemd")
+        block_on(call(job_wait(None), self.manager.reload())).context("reloading systemd")
     }
 
-    /// Starts `unit` and waits for its job; returns the job result
-    /// (`done` on success; `failed`, `timeout`, `dependency`, `canceled`,
-    /// `skipped`, ... otherwise).
-    pub fn start_unit(&self, unit: &str) -> Result<String> {
-        block_on(self.run_job(Job::Start, unit))
+    /// Starts `unit` and waits up to `limit` for its job (see
+    /// [`job_wait`]); returns the job result (`done` on success;
+    /// `failed`, `timeout`, `dependency`, `canceled`, `skipped`, ...
+    /// otherwise).
+    pub fn start_unit(&self, unit: &str, limit: Duration) -> Result<String> {
+        block_on(self.run_job(Job::Start, unit, limit))
     }
 
-    /// Stops `unit` and waits for its job; returns the job result.
-    pub fn stop_unit(&self, unit: &str) -> Result<String> {
-        block_on(self.run_job(Job::Stop, unit))
+    /// Stops `unit` and waits up to `limit` for its job; returns the job
+    /// result.
+    pub fn stop_unit(&self, unit: &str, limit: Duration) -> Result<String> {
+        block_on(self.run_job(Job::Stop, unit, limit))
     }
 
     /// Forgets a failed state (and the start rate limit with it). A unit
@@ -103,7 +109,8 @@ impl Systemd {
         }
     }
 
-    /// The unit's `ActiveState`, `SubState`, `Result` and `WantedBy`,
+    /// The unit's `ActiveState`, `SubState`, `Result`, `WantedBy` and
+    /// `RequiredBy`,
     /// loading the unit first if systemd has not (as `systemctl status`).
     pub fn unit_state(&self, unit: &str) -> Result<UnitState> {
         block_on(self.unit_state_async(unit))
@@ -132,6 +139,9 @@ impl Systemd {
             sub_state: call(CALL_TIMEOUT, unit_proxy.sub_state()).await?,
             result: call(CALL_TIMEOUT, service.result()).await?,
             wanted_by: call(CALL_TIMEOUT, unit_proxy.wanted_by()).await?,
+            required_by: call(CALL_TIMEOUT, unit_proxy.required_by()).await?,
+            timeout_start_usec: call(CALL_TIMEOUT, service.timeout_start_usec()).await?,
+            timeout_stop_usec: call(CALL_TIMEOUT, service.timeout_stop_usec()).await?,
         })
     }
 
@@ -149,7 +159,7 @@ impl Systemd {
         Ok(())
     }
 
-    async fn run_job(&self, job: Job, unit: &str) -> Result<String> {
+    async fn run_job(&self, job: Job, unit: &str, limit: Duration) -> Result<String> {
         self.subscribe().await?;
         // Listen before queueing: a quick job's JobRemoved may go out
         // before (or right after) the reply that names the job, and the
@@ -165,9 +175,8 @@ impl Systemd {
             Job::Start => call(CALL_TIMEOUT, self.manager.start_unit(unit, JOB_MODE)).await,
             Job::Stop => call(CALL_TIMEOUT, self.manager.stop_unit(unit, JOB_MODE)).await,
         };
-        let path = queued.with_context(|| format!("{} {unit}", job.verb()))?;
+        let path = queued.with_context(|| format!("asking systemd to {} {unit}", job.name()))?;
 
-        let limit = job_timeout();
         let wait = async {
             while let Some(signal) = removed.next().await {
                 let args = signal
@@ -208,6 +217,13 @@ enum Job {
 }
 
 impl Job {
+    fn name(self) -> &'static str {
+        match self {
+            Job::Start => "start",
+            Job::Stop => "stop",
+        }
+    }
+
     fn verb(self) -> &'static str {
         match self {
             Job::Start => "starting",
@@ -224,30 +240,51 @@ enum CallError {
 }
 
 impl CallError {
-    fn is_named(&self, name: &str) -> bool {
-        matches!(self, CallError::Bus(zbus::Error::MethodError(error, _, _)) if error.as_str() == name)
+    /// The D-Bus error name and message of an error reply. zbus hands
+    /// them over as `MethodError`, or as `FDO` for the standard
+    /// `org.freedesktop.DBus.Error.*` names its fdo proxies (such as the
+    /// one reading properties) return.
+    fn reply(&self) -> Option<(String, String)> {
+        use zbus::DBusError;
+        match self {
+            CallError::Bus(zbus::Error::MethodError(name, detail, _)) => Some((
+                name.to_string(),
+                detail.clone().unwrap_or_else(|| "no details".into()),
+            )),
+            CallError::Bus(zbus::Error::FDO(error)) => Some((
+                error.name().to_string(),
+                error.description().unwrap_or("no details").to_string(),
+            )),
+            _ => None,
+        }
+    }
+
+    fn is_named(&self, wanted: &str) -> bool {
+        self.reply().is_some_and(|(name, _)| name == wanted)
     }
 }
 
 impl fmt::Display for CallError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            CallError::TimedOut(limit) => write!(f, "no answer within {} s", limit.as_secs_f32()),
-            CallError::Bus(zbus::Error::MethodError(name, detail, _)) => {
-                let detail = detail.as_deref().unwrap_or("no details");
-                match name.as_str() {
-                    "org.freedesktop.DBus.Error.ServiceUnknown"
-                    | "org.freedesktop.DBus.Error.NameHasNoOwner" => {
-                        write!(f, "{SERVICE} is not on the bus ({detail})")
-                    }
-                    "org.freedesktop.DBus.Error.AccessDenied"
-                    | "org.freedesktop.DBus.Error.InteractiveAuthorizationRequired" => {
-                        write!(f, "permission denied ({detail}); run as root")
-                    }
-                    _ => write!(f, "{detail} ({name})"),
-                }
+        if let CallError::TimedOut(limit) = self {
+            return write!(f, "no answer within {} s", limit.as_secs_f32());
+        }
+        let Some((name, detail)) = self.reply() else {
+            return match self {
+                CallError::Bus(error) => write!(f, "{error}"),
+                CallError::TimedOut(_) => Ok(()),
+            };
+        };
+        match name.as_str() {
+            "org.freedesktop.DBus.Error.ServiceUnknown"
+            | "org.freedesktop.DBus.Error.NameHasNoOwner" => {
+                write!(f, "{SERVICE} is not on the bus ({detail})")
             }
-            CallError::Bus(error) => write!(f, "{error}"),
+            "org.freedesktop.DBus.Error.AccessDenied"
+            | "org.freedesktop.DBus.Error.InteractiveAuthorizationRequired" => {
+                write!(f, "permission denied ({detail}); run as root")
+            }
+            _ => write!(f, "{detail} ({name})"),
         }
     }
 }

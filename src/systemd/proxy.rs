@@ -61,9 +61,13 @@ pub trait Unit {
 
     #[zbus(property)]
     fn wanted_by(&self) -> zbus::Result<Vec<String>>;
+
+    #[zbus(property)]
+    fn required_by(&self) -> zbus::Result<Vec<String>>;
 }
 
-/// `Result` is a property of the service, not of the generic unit.
+/// `Result` and the timeouts are properties of the service, not of the
+/// generic unit.
 #[proxy(
     interface = "org.freedesktop.systemd1.Service",
     default_service = "org.freedesktop.systemd1",
@@ -72,4 +76,10 @@ pub trait Unit {
 pub trait Service {
     #[zbus(property, name = "Result")]
     fn result(&self) -> zbus::Result<String>;
+
+    #[zbus(property, name = "TimeoutStartUSec")]
+    fn timeout_start_usec(&self) -> zbus::Result<u64>;
+
+    #[zbus(property, name = "TimeoutStopUSec")]
+    fn timeout_stop_usec(&self) -> zbus::Result<u64>;
 }

@@ -1,5 +1,7 @@
 //! The unit instance of a volume and what systemd says about it.
 
+use std::time::Duration;
+
 use crate::paths::UNIT_TEMPLATE;
 use crate::volume_id::VolumeId;
 
@@ -27,9 +29,14 @@ pub struct UnitState {
     pub sub_state: String,
     /// The service's `Result` (`success`, `exit-code`, `timeout`, ...).
     pub result: String,
-    /// Units that want this one; the generator's wants link shows here as
-    /// `sparse-volumes.target` once systemd has reloaded.
+    /// Units that want this one (`.wants/` links, `Wants=`).
     pub wanted_by: Vec<String>,
+    /// Units that require this one (`.requires/` links, `Requires=`).
+    pub required_by: Vec<String>,
+    /// The service's `TimeoutStartUSec`/`TimeoutStopUSec` (0 or
+    /// `u64::MAX`: no timeout).
+    pub timeout_start_usec: u64,
+    pub timeout_stop_usec: u64,
 }
 
 impl UnitState {
@@ -45,6 +52,30 @@ impl UnitState {
     pub fn is_failed(&self) -> bool {
         self.active_state == "failed"
     }
+
+    /// How long systemd gives a start job, `None` when unlimited.
+    pub fn start_timeout(&self) -> Option<Duration> {
+        finite(self.timeout_start_usec)
+    }
+
+    pub fn stop_timeout(&self) -> Option<Duration> {
+        finite(self.timeout_stop_usec)
+    }
+
+    /// True when `unit` pulls this one in (wants or requires it), as the
+    /// generator's link from `sparse-volumes.target` does for an enabled
+    /// volume once systemd has reloaded.
+    pub fn is_pulled_in_by(&self, unit: &str) -> bool {
+        self.wanted_by
+            .iter()
+            .chain(&self.required_by)
+            .any(|u| u == unit)
+    }
+}
+
+/// systemd's "infinity" is `u64::MAX` µs, and 0 disables a timeout.
+fn finite(usec: u64) -> Option<Duration> {
+    (usec != 0 && usec != u64::MAX).then(|| Duration::from_micros(usec))
 }
 
 #[cfg(test)]
@@ -58,5 +89,25 @@ mod tests {
             unit_name(&id),
             "sparse-volume@6f1c2a8e-3b4d-4e5f-8a9b-0c1d2e3f4a5b.service"
         );
+    }
+
+    #[test]
+    fn wants_and_requires_both_pull_a_unit_in() {
+        let mut state = UnitState {
+            active_state: "inactive".into(),
+            sub_state: "dead".into(),
+            result: "success".into(),
+            wanted_by: vec![],
+            required_by: vec!["sparse-volumes.target".into()],
+            timeout_start_usec: 90_000_000,
+            timeout_stop_usec: u64::MAX,
+        };
+        assert_eq!(state.start_timeout(), Some(Duration::from_secs(90)));
+        assert_eq!(state.stop_timeout(), None);
+        assert!(state.is_pulled_in_by("sparse-volumes.target"));
+        state.required_by.clear();
+        assert!(!state.is_pulled_in_by("sparse-volumes.target"));
+        state.wanted_by.push("sparse-volumes.target".into());
+        assert!(state.is_pulled_in_by("sparse-volumes.target"));
     }
 }

@@ -3,6 +3,7 @@
 //! It cannot be constructed: [`Systemd::connect`] always fails.
 
 use std::convert::Infallible;
+use std::time::Duration;
 
 use anyhow::{bail, Result};
 
@@ -23,11 +24,11 @@ impl Systemd {
         match self.0 {}
     }
 
-    pub fn start_unit(&self, _unit: &str) -> Result<String> {
+    pub fn start_unit(&self, _unit: &str, _limit: Duration) -> Result<String> {
         match self.0 {}
     }
 
-    pub fn stop_unit(&self, _unit: &str) -> Result<String> {
+    pub fn stop_unit(&self, _unit: &str, _limit: Duration) -> Result<String> {
         match self.0 {}
     }
 

@@ -104,9 +104,12 @@ configure_system() {
     mkdir -p "$root/var/log/journal"
     printf '[Journal]\nStorage=persistent\n' |
         write_file "$root/etc/systemd/journald.conf.d/sparse-volume-vm.conf" 0644
-    # Nothing periodic that could disturb a test.
+    # Nothing periodic that could disturb a test, and no boot work the tests
+    # don't need (under TCG each of these costs seconds). dm_mod and fuse
+    # still load on demand (their /dev nodes autoload them).
     systemctl --root="$root" --quiet mask apt-daily.timer apt-daily-upgrade.timer \
-        man-db.timer e2scrub_all.timer fstrim.timer
+        man-db.timer e2scrub_all.timer e2scrub_reap.service fstrim.timer \
+        modprobe@dm_mod.service modprobe@fuse.service
 }
 
 configure_network() {

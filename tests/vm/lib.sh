@@ -27,6 +27,7 @@ SV_VM_LIB_DIR=$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")" && pwd)
 : "${SV_VM_KVM_PROBE_TIMEOUT:=40}" # s a KVM boot gets before auto falls back to TCG
 : "${SV_VM_REBOOT_TIMEOUT:=180}"   # s for a reboot cycle
 : "${SV_VM_STOP_TIMEOUT:=60}"      # s for a clean poweroff before qemu is killed
+: "${SV_VM_APPEND:=}"              # extra kernel command line, e.g. systemd.log_level=debug
 : "${SV_VM_SERIAL_TAIL:=40}"       # lines of serial console shown on failure
 : "${SV_VM_KEEP:=0}"               # 1: vm_cleanup keeps the run directory
 
@@ -139,8 +140,8 @@ vm__build_locked() {
 
 # ------------------------------------------------------------------- qemu
 
-# True while the qemu of this run is alive (a zombie or a recycled pid
-# whose command line does not name our run directory does not count).
+# True while the qemu of this run is alive (a recycled pid whose command
+# line does not name our run directory does not count).
 vm__qemu_alive() {
     local pid=${1:-$SV_VM_PID} cmdline
     [[ -n $pid && -r /proc/$pid/cmdline ]] || return 1
@@ -193,7 +194,7 @@ vm__qemu_cmd() {
         -display none -serial "file:$SV_VM_RUN/serial.log"
         -qmp "unix:$SV_VM_RUN/qmp.sock,server=on,wait=off"
         -kernel "$SV_VM_IMAGE/vmlinuz" -initrd "$SV_VM_IMAGE/initrd.img"
-        -append "root=UUID=$SV_VM_ROOT_UUID ro console=ttyS0,115200 net.ifnames=0"
+        -append "root=UUID=$SV_VM_ROOT_UUID ro console=ttyS0,115200 net.ifnames=0 $SV_VM_APPEND"
         -drive "if=none,id=root,format=qcow2,file=$SV_VM_RUN/root.qcow2,cache=unsafe"
         -device "virtio-blk-pci,drive=root,serial=sv-root"
     )
@@ -212,21 +213,26 @@ vm__qemu_cmd() {
     )
 }
 
-# Starts qemu in the background; fails if it exits within its first second
-# (bad option, port taken, accelerator refused).
+# Starts qemu in the background, detached from this shell (started from a
+# subshell, so it is nobody's job: no zombie, no job messages); its pid goes
+# to qemu.pid. Fails if qemu exits within its first second (bad option,
+# port taken, accelerator refused).
 vm__launch() {
     local accel=$1
     vm__qemu_cmd "$accel"
     : >"$SV_VM_RUN/serial.log"
-    "${VM__QEMU[@]}" </dev/null >"$SV_VM_RUN/qemu.log" 2>&1 &
-    SV_VM_PID=$!
-    echo "$SV_VM_PID" >"$SV_VM_RUN/qemu.pid"
+    rm -f -- "$SV_VM_RUN/qemu.pid"
+    (
+        "${VM__QEMU[@]}" </dev/null >"$SV_VM_RUN/qemu.log" 2>&1 &
+        echo $! >"$SV_VM_RUN/qemu.pid"
+    )
+    SV_VM_PID=$(<"$SV_VM_RUN/qemu.pid")
     echo "$SV_VM_PORT" >"$SV_VM_RUN/ssh.port"
     sleep 1
     vm__qemu_alive
 }
 
-# Kills the qemu of this run (TERM, then KILL) and reaps it.
+# Kills the qemu of this run (TERM, then KILL).
 vm__kill_qemu() {
     local pid=$SV_VM_PID i
     [[ -n $pid ]] || return 0
@@ -241,7 +247,6 @@ vm__kill_qemu() {
             sleep 0.2
         fi
     fi
-    wait "$pid" 2>/dev/null || true # reap it, if it is our child
     SV_VM_PID=""
     rm -f -- "$SV_VM_RUN/qemu.pid"
 }
@@ -259,19 +264,33 @@ vm__set_ssh_cmd() {
 }
 
 # One bounded attempt: does the guest's sshd answer, and with which boot_id?
+# (A shorter ConnectTimeout: the first value of an ssh option wins.)
 vm__try_boot_id() {
-    timeout 30 "${SV_VM_SSH_CMD[@]}" cat /proc/sys/kernel/random/boot_id \
-        </dev/null 2>/dev/null
+    timeout 20 ssh -o ConnectTimeout=4 "${SV_VM_SSH_CMD[@]:1}" \
+        cat /proc/sys/kernel/random/boot_id </dev/null 2>/dev/null
+}
+
+# How many times a kernel started on the serial console.
+vm__serial_boots() {
+    grep -c 'Linux version' "$SV_VM_RUN/serial.log" 2>/dev/null || true
 }
 
 # vm__wait_ssh TIMEOUT [OLD_BOOT_ID]: waits until SSH answers (with a
-# boot_id other than OLD_BOOT_ID, if given). Fails early if qemu exits.
+# boot_id other than OLD_BOOT_ID, if given), and leaves the boot_id in
+# VM__BOOT_ID. Fails early if qemu exits. While waiting for a reboot, logs
+# when the new kernel starts (the end of the shutdown).
 vm__wait_ssh() {
-    local timeout=$1 old=${2:-} start id
+    local timeout=$1 old=${2:-} start boots=-1 id
     start=$(vm__now_ms)
+    [[ -z $old ]] || boots=$(vm__serial_boots)
     while :; do
         vm__qemu_alive || { vm_log "qemu exited"; return 1; }
+        if ((boots >= 0 && $(vm__serial_boots) > boots)); then
+            vm_log "shutdown done, new kernel booting ($(vm__since "$start"))"
+            boots=-1
+        fi
         if id=$(vm__try_boot_id) && [[ -n $id && $id != "$old" ]]; then
+            VM__BOOT_ID=$id
             return 0
         fi
         (($(vm__now_ms) - start < timeout * 1000)) || {
@@ -416,7 +435,7 @@ vm_boot_id() {
 # vm_reboot: clean reboot (systemctl reboot); returns when SSH answers
 # again with a new boot_id, proving the reboot happened.
 vm_reboot() {
-    local old new start
+    local old start
     if ! old=$(vm_boot_id) || [[ -z $old ]]; then
         vm__fail "cannot read boot_id before reboot"
         return 1
@@ -428,8 +447,7 @@ vm_reboot() {
         vm__fail "guest did not come back from reboot within ${SV_VM_REBOOT_TIMEOUT}s"
         return 1
     fi
-    new=$(vm_boot_id) || { vm__fail "cannot read boot_id after reboot"; return 1; }
-    vm_log "rebooted in $(vm__since "$start") (boot_id $new)"
+    vm_log "rebooted in $(vm__since "$start") (boot_id $VM__BOOT_ID)"
 }
 
 # vm_qmp JSON: sends one QMP command, e.g. '{"execute":"query-kvm"}', and

@@ -3,9 +3,10 @@
 #
 #   bash tests/vm/smoke.sh
 #
-# Builds or reuses the image, boots it, checks the system state, checks that
-# the guest kernel makes partition devices and by-partuuid links for a GPT
-# on a loop device, reboots and checks the persistent journal, powers off.
+# Builds or reuses the image, boots it with a 1 GiB data disk, checks the
+# system state, checks that the guest kernel makes partition devices and
+# by-partuuid links for a GPT on a loop device, installs and copies files,
+# reboots and checks the persistent journal, powers off.
 # Exits non-zero on any failure; always kills its qemu.
 set -euo pipefail
 
@@ -76,6 +77,31 @@ echo "loop device $dev, by-partuuid/$uuid -> $target" >&2
 EOF
 }
 
+# The harness's own file and disk plumbing: a data disk, vm_install_files,
+# vm_copy_in.
+check_files() {
+    local tmp size
+    size=$(vm_ssh 'blockdev --getsize64 /dev/disk/by-id/virtio-sv-data1' </dev/null)
+    [[ $size == 1073741824 ]] || vm__fail "data disk virtio-sv-data1 has $size bytes, expected 1 GiB"
+    tmp=$(mktemp -d "$SV_VM_RUN/smoke.XXXXXX") # vm_cleanup removes it
+    printf '#!/bin/sh\necho hello\n' >"$tmp/hello"
+    printf '[Unit]\nDescription=smoke\n[Service]\nExecStart=/usr/local/bin/sv-smoke-hello\n' \
+        >"$tmp/sv-smoke.service"
+    mkdir "$tmp/tree"
+    echo one >"$tmp/tree/one"
+    vm_install_files "$tmp/hello" /usr/local/bin/sv-smoke-hello 0755 \
+        "$tmp/sv-smoke.service" /etc/systemd/system/sv-smoke.service 0644
+    vm_copy_in "$tmp/tree" /root/
+    vm_ssh bash -s <<'EOF'
+set -euo pipefail
+[ "$(stat -c %a:%U /usr/local/bin/sv-smoke-hello)" = 755:root ]
+[ "$(stat -c %a /etc/systemd/system/sv-smoke.service)" = 644 ]
+[ "$(stat -c %a /usr/local/bin)" = 755 ]
+systemctl start sv-smoke.service
+[ "$(cat /root/tree/one)" = one ]
+EOF
+}
+
 check_reboot() {
     local before
     before=$(vm_boot_id)
@@ -96,8 +122,11 @@ check_journal() {
 }
 
 check_stopped() {
+    local pid=$SV_VM_PID
     vm_stop
     [[ -z $SV_VM_PID ]] || vm__fail "qemu still recorded after vm_stop"
+    ! kill -0 "$pid" 2>/dev/null || [[ $(ps -o stat= -p "$pid") == Z* ]] ||
+        vm__fail "qemu (pid $pid) still running after vm_stop"
 }
 
 main() {
@@ -107,9 +136,10 @@ main() {
     local start
     start=$(vm__now_ms)
     phase image vm_image_build
-    phase boot vm_start
+    phase boot vm_start 1G
     phase system check_system
     phase gpt check_gpt
+    phase files check_files
     phase reboot check_reboot
     phase journal check_journal
     phase stop check_stopped

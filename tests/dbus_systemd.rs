@@ -1,0 +1,504 @@
+//! enable/disable/start/stop/list/status against a real dbus-daemon on a
+//! private socket, with a stub systemd on it (tests/stub_systemd). The
+//! same commands against real systemd run in the VM test.
+
+#![cfg(feature = "dbus")]
+
+mod common;
+mod stub_systemd;
+
+use std::fs;
+use std::time::{Duration, Instant};
+
+use common::{new_uuid, Fixture, Run};
+use stub_systemd::{PrivateBus, StubSystemd};
+
+/// A registry fixture, a private bus and a stub systemd on it. Fields drop
+/// in order: the stub leaves the bus, then the daemon is killed.
+struct World {
+    stub: StubSystemd,
+    bus: PrivateBus,
+    fx: Fixture,
+}
+
+impl World {
+    fn new() -> Self {
+        let fx = Fixture::new();
+        let bus = PrivateBus::start();
+        let stub = StubSystemd::start(&bus.address, fx.root.path().to_path_buf());
+        Self { stub, bus, fx }
+    }
+
+    fn run(&self, args: &[&str]) -> Run {
+        run_on(&self.fx, &self.bus.address, args, &[])
+    }
+
+    fn run_with(&self, args: &[&str], env: &[(&str, &str)]) -> Run {
+        run_on(&self.fx, &self.bus.address, args, env)
+    }
+
+    fn run_ok(&self, args: &[&str]) -> Run {
+        let run = self.run(args);
+        assert_eq!(run.code, 0, "sparse-volume {args:?} failed: {}", run.stderr);
+        run
+    }
+
+    /// A registered volume (no backing file: systemd is a stub, nothing
+    /// attaches) with the given `enabled` flag.
+    fn volume(&self, enabled: bool) -> String {
+        let uuid = new_uuid();
+        self.fx
+            .register(&uuid, "filesystem", &format!("enabled = {enabled}\n"));
+        uuid
+    }
+
+    fn calls(&self) -> Vec<String> {
+        self.stub.calls()
+    }
+}
+
+/// Runs the CLI against `address` as the system bus; never the host's.
+fn run_on(fx: &Fixture, address: &str, args: &[&str], env: &[(&str, &str)]) -> Run {
+    let mut command = fx.command(args);
+    command.env("DBUS_SYSTEM_BUS_ADDRESS", address);
+    for (key, value) in env {
+        command.env(key, value);
+    }
+    let output = command.output().expect("running sparse-volume");
+    Run {
+        code: output.status.code().unwrap_or(-1),
+        stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
+    }
+}
+
+fn unit(uuid: &str) -> String {
+    format!("sparse-volume@{uuid}.service")
+}
+
+fn registry_says_enabled(fx: &Fixture, uuid: &str) -> bool {
+    let text = fs::read_to_string(fx.registry_file(uuid)).unwrap();
+    let value: toml::Value = toml::from_str(&text).unwrap();
+    value["enabled"].as_bool().unwrap()
+}
+
+fn position(calls: &[String], wanted: &str) -> usize {
+    calls
+        .iter()
+        .position(|c| c == wanted)
+        .unwrap_or_else(|| panic!("no call {wanted:?} in {calls:#?}"))
+}
+
+#[test]
+fn enable_now_sets_the_flag_reloads_then_starts() {
+    let world = World::new();
+    let uuid = world.volume(false);
+
+    let report = world.run_ok(&["enable", &uuid, "--now", "--json"]).json();
+    assert_eq!(report["changed"], true);
+    assert_eq!(report["uuid"], uuid.as_str());
+    assert_eq!(report["unit"], unit(&uuid).as_str());
+    assert_eq!(report["enabled"], true);
+    assert_eq!(report["reloaded"], true);
+    assert_eq!(report["job_result"], "done");
+    assert_eq!(report["active_state"], "active");
+    assert!(registry_says_enabled(&world.fx, &uuid));
+
+    let calls = world.calls();
+    let reload = position(&calls, "Reload");
+    let subscribe = position(&calls, "Subscribe");
+    let start = position(&calls, &format!("StartUnit {} replace", unit(&uuid)));
+    assert!(
+        reload < start,
+        "Reload must come before StartUnit: {calls:#?}"
+    );
+    assert!(
+        subscribe < start,
+        "Subscribe must come before StartUnit: {calls:#?}"
+    );
+
+    // Idempotent: nothing to change, no reload, no second start.
+    let again = world.run_ok(&["enable", &uuid, "--now", "--json"]).json();
+    assert_eq!(again["changed"], false, "{again}");
+    assert_eq!(again["reloaded"], false);
+    assert_eq!(again["job_result"], serde_json::Value::Null);
+    assert_eq!(again["active_state"], "active");
+    let calls = world.calls();
+    assert_eq!(
+        calls.iter().filter(|c| *c == "Reload").count(),
+        1,
+        "{calls:#?}"
+    );
+    assert_eq!(
+        calls.iter().filter(|c| c.starts_with("StartUnit")).count(),
+        1
+    );
+}
+
+#[test]
+fn enable_without_now_only_reloads_and_a_hand_edit_is_noticed() {
+    let world = World::new();
+    let uuid = world.volume(false);
+    let report = world.run_ok(&["enable", &uuid, "--json"]).json();
+    assert_eq!(report["changed"], true);
+    assert_eq!(report["active_state"], serde_json::Value::Null);
+    assert!(!world.calls().iter().any(|c| c.starts_with("StartUnit")));
+
+    // A repeat changes nothing, also after a hand edit that agrees.
+    world.fx.register(&uuid, "filesystem", "enabled = true\n");
+    let repeat = world.run_ok(&["enable", &uuid, "--json"]).json();
+    assert_eq!(repeat["changed"], false, "{repeat}");
+    // Hand edits without a daemon-reload: the flag is already what the
+    // command asks for, but systemd's view (RequiredBy) is not, so it
+    // reloads.
+    world.fx.register(&uuid, "filesystem", "enabled = false\n");
+    let disabled = world.run_ok(&["disable", &uuid, "--json"]).json();
+    assert_eq!(disabled["reloaded"], true, "{disabled}");
+    world.fx.register(&uuid, "filesystem", "enabled = true\n");
+    let drift = world.run_ok(&["enable", &uuid, "--json"]).json();
+    assert_eq!(drift["reloaded"], true, "{drift}");
+    assert_eq!(drift["changed"], true);
+}
+
+#[test]
+fn disable_now_clears_the_flag_and_stops() {
+    let world = World::new();
+    let uuid = world.volume(false);
+    world.run_ok(&["enable", &uuid, "--now"]);
+
+    let report = world.run_ok(&["disable", &uuid, "--now", "--json"]).json();
+    assert_eq!(report["changed"], true);
+    assert_eq!(report["enabled"], false);
+    assert_eq!(report["job_result"], "done");
+    assert_eq!(report["active_state"], "inactive");
+    assert!(!registry_says_enabled(&world.fx, &uuid));
+    let calls = world.calls();
+    let stop = position(&calls, &format!("StopUnit {} replace", unit(&uuid)));
+    assert!(position(&calls, "Reload") < stop);
+
+    let again = world.run_ok(&["disable", &uuid, "--now", "--json"]).json();
+    assert_eq!(again["changed"], false, "{again}");
+}
+
+#[test]
+fn start_and_stop_report_changed_and_are_idempotent() {
+    let world = World::new();
+    let uuid = world.volume(true);
+    let started = world.run_ok(&["start", &uuid, "--json"]).json();
+    assert_eq!(started["changed"], true);
+    assert_eq!(started["uuid"], uuid.as_str());
+    assert_eq!(started["job_result"], "done");
+    assert_eq!(started["active_state"], "active");
+    assert_eq!(started["sub_state"], "exited");
+    let again = world.run_ok(&["start", &uuid, "--json"]).json();
+    assert_eq!(again["changed"], false);
+
+    let stopped = world.run_ok(&["stop", &uuid, "--json"]).json();
+    assert_eq!(stopped["changed"], true);
+    assert_eq!(stopped["active_state"], "inactive");
+    let again = world.run_ok(&["stop", &uuid, "--json"]).json();
+    assert_eq!(again["changed"], false);
+    // Reads like systemctl's own output for people.
+    let human = world.run_ok(&["stop", &uuid]);
+    assert!(
+        human.stdout.contains("already inactive"),
+        "{}",
+        human.stdout
+    );
+}
+
+#[test]
+fn a_failed_start_job_exits_1_naming_unit_and_result() {
+    let world = World::new();
+    let uuid = world.volume(true);
+    world.stub.set_job_result(Some("failed"));
+
+    let run = world.run(&["start", &uuid]);
+    assert_eq!(run.code, 1, "{}", run.stderr);
+    assert!(run.stderr.contains(&unit(&uuid)), "{}", run.stderr);
+    assert!(run.stderr.contains("\"failed\""), "{}", run.stderr);
+    assert!(
+        run.stderr.contains("exit-code"),
+        "unit Result missing: {}",
+        run.stderr
+    );
+
+    // The JSON error object carries changed and uuid too.
+    let json = world.run(&["start", &uuid, "--json"]);
+    assert_eq!(json.code, 1);
+    let value = json.json();
+    assert_eq!(value["changed"], false);
+    assert_eq!(value["uuid"], uuid.as_str());
+    assert!(value["error"].as_str().unwrap().contains("failed"));
+    // A failed unit is reset before the next start (start rate limit).
+    let calls = world.calls();
+    position(&calls, &format!("ResetFailedUnit {}", unit(&uuid)));
+}
+
+#[test]
+fn a_start_job_that_never_ends_times_out() {
+    let world = World::new();
+    let uuid = world.volume(true);
+    world.stub.set_job_result(None);
+
+    let began = Instant::now();
+    let run = world.run_with(&["start", &uuid], &[("SPARSE_VOLUME_JOB_TIMEOUT_SEC", "1")]);
+    let took = began.elapsed();
+    assert_eq!(run.code, 1, "{}", run.stderr);
+    assert!(run.stderr.contains("within 1 s"), "{}", run.stderr);
+    assert!(took >= Duration::from_secs(1), "gave up early: {took:?}");
+    assert!(took < Duration::from_secs(10), "waited too long: {took:?}");
+}
+
+#[test]
+fn no_bus_at_all_fails_fast_and_changes_nothing() {
+    let fx = Fixture::new();
+    let uuid = new_uuid();
+    fx.register(&uuid, "filesystem", "enabled = false\n");
+    let missing = format!("unix:path={}", fx.root.path().join("no-bus").display());
+    for args in [
+        vec!["enable", uuid.as_str(), "--now"],
+        vec!["disable", uuid.as_str()],
+        vec!["start", uuid.as_str()],
+        vec!["stop", uuid.as_str()],
+    ] {
+        let began = Instant::now();
+        let run = run_on(&fx, &missing, &args, &[]);
+        let took = began.elapsed();
+        assert_eq!(run.code, 1, "{args:?}: {}", run.stderr);
+        assert!(
+            run.stderr
+                .contains("cannot reach systemd on the system bus"),
+            "{args:?}: {}",
+            run.stderr
+        );
+        assert_eq!(
+            run.stderr.trim().lines().count(),
+            1,
+            "one line: {}",
+            run.stderr
+        );
+        assert!(took < Duration::from_secs(2), "{args:?} took {took:?}");
+    }
+    assert!(
+        !registry_says_enabled(&fx, &uuid),
+        "enable changed the registry without systemd"
+    );
+}
+
+#[test]
+fn a_bus_without_systemd_fails_fast() {
+    let fx = Fixture::new();
+    let bus = PrivateBus::start();
+    let uuid = new_uuid();
+    fx.register(&uuid, "filesystem", "");
+    let began = Instant::now();
+    let run = run_on(&fx, &bus.address, &["start", &uuid], &[]);
+    assert_eq!(run.code, 1);
+    assert!(
+        run.stderr
+            .contains("cannot reach systemd on the system bus")
+            && run
+                .stderr
+                .contains("org.freedesktop.systemd1 is not on the bus"),
+        "{}",
+        run.stderr
+    );
+    assert!(began.elapsed() < Duration::from_secs(2));
+}
+
+#[test]
+fn unregistered_volumes_are_named_in_the_error() {
+    let world = World::new();
+    let uuid = new_uuid();
+    for command in ["enable", "disable", "start", "status"] {
+        let run = world.run(&[command, &uuid]);
+        assert_eq!(run.code, 1, "{command}: {}", run.stderr);
+        assert!(
+            run.stderr.contains(&uuid) && run.stderr.contains("not registered"),
+            "{command}: {}",
+            run.stderr
+        );
+    }
+    // Like detach, stop needs no registry entry.
+    world.run_ok(&["stop", &uuid]);
+}
+
+/// The documented, stable field names of a volume in list/status --json.
+const VOLUME_FIELDS: &[&str] = &[
+    "uuid",
+    "name",
+    "mode",
+    "fs_type",
+    "size",
+    "allocated",
+    "path",
+    "enabled",
+    "read_only",
+    "device",
+    "partition",
+    "link",
+    "link_state",
+    "link_target",
+    "unit",
+    "active_state",
+    "sub_state",
+    "unit_result",
+    "problems",
+];
+
+fn assert_volume_fields(volume: &serde_json::Value) {
+    let object = volume.as_object().expect("a volume is a JSON object");
+    for field in VOLUME_FIELDS {
+        assert!(object.contains_key(*field), "missing {field} in {volume}");
+    }
+}
+
+#[test]
+fn list_and_status_json_have_the_documented_fields() {
+    let world = World::new();
+    let fx = &world.fx;
+    let attached = new_uuid();
+    fx.make_ext4(&attached);
+    fx.register(&attached, "filesystem", "name = \"db\"\n");
+    let block = new_uuid();
+    fx.make_gpt(&block);
+    fx.register(&block, "block", "enabled = false\n");
+    let missing = new_uuid();
+    fx.register(&missing, "filesystem", "");
+    let broken = new_uuid();
+    // Valid TOML, invalid entry: the error names file, line and reason.
+    fs::write(
+        fx.registry_file(&broken),
+        format!(
+            "path = \"{}\"\nsize = 1048576\nmode = \"filesystem\"\nuuid = \"oops\"\n",
+            fx.logical_backing(&broken)
+        ),
+    )
+    .unwrap();
+
+    let device = world.run_ok(&["attach", &attached, "--json"]).json()["device"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    world.run_ok(&["attach", &block]);
+    world.run_ok(&["start", &attached]);
+
+    let run = world.run(&["list", "--json"]);
+    // A broken registry file makes list fail, but not hide the others.
+    assert_eq!(run.code, 1, "{}", run.stderr);
+    let list = run.json();
+    assert_eq!(list["changed"], false);
+    assert_eq!(list["systemd_error"], serde_json::Value::Null);
+    let volumes = list["volumes"].as_array().unwrap();
+    assert_eq!(volumes.len(), 3, "{list}");
+    volumes.iter().for_each(assert_volume_fields);
+    let errors = list["errors"].as_array().unwrap();
+    assert_eq!(errors.len(), 1);
+    assert!(errors[0]["file"]
+        .as_str()
+        .unwrap()
+        .ends_with(&format!("{broken}.toml")));
+    assert_eq!(errors[0]["line"], 4, "{}", errors[0]);
+    assert!(errors[0]["reason"].as_str().unwrap().contains("uuid"));
+
+    let find = |uuid: &str| {
+        volumes
+            .iter()
+            .find(|v| v["uuid"] == uuid)
+            .unwrap_or_else(|| panic!("{uuid} not listed"))
+            .clone()
+    };
+    let db = find(&attached);
+    assert_eq!(db["name"], "db");
+    assert_eq!(db["mode"], "filesystem");
+    assert_eq!(db["fs_type"], "ext4");
+    assert_eq!(db["size"], common::SIZE);
+    assert!(db["allocated"].as_u64().unwrap() > 0);
+    assert!(
+        db["allocated"].as_u64().unwrap() < common::SIZE,
+        "a sparse file"
+    );
+    assert_eq!(db["path"], fx.logical_backing(&attached).as_str());
+    assert_eq!(db["enabled"], true);
+    assert_eq!(db["device"], device.as_str());
+    assert_eq!(db["partition"], serde_json::Value::Null);
+    assert_eq!(db["link"], format!("/dev/disk/by-uuid/{attached}").as_str());
+    assert_eq!(db["unit"], unit(&attached).as_str());
+    assert_eq!(db["active_state"], "active");
+    assert_eq!(db["sub_state"], "exited");
+    assert_eq!(db["unit_result"], "success");
+    if db["link_state"] == "linked" {
+        assert_eq!(db["link_target"], device.as_str());
+    }
+
+    let raw = find(&block);
+    assert_eq!(raw["mode"], "block");
+    assert_eq!(raw["fs_type"], serde_json::Value::Null);
+    assert_eq!(raw["enabled"], false);
+    let parent = raw["device"].as_str().unwrap();
+    // A kernel without GPT support (CONFIG_EFI_PARTITION) makes no
+    // partition; then there is none to report.
+    let partition = format!("{parent}p1");
+    if std::path::Path::new(&partition).exists() {
+        assert_eq!(raw["partition"], partition.as_str());
+    } else {
+        assert_eq!(raw["partition"], serde_json::Value::Null);
+    }
+    assert_eq!(
+        raw["link"],
+        format!("/dev/disk/by-partuuid/{block}").as_str()
+    );
+
+    let gone = find(&missing);
+    assert_eq!(gone["allocated"], serde_json::Value::Null);
+    assert_eq!(gone["device"], serde_json::Value::Null);
+    assert_eq!(gone["active_state"], "inactive");
+    assert!(!gone["problems"].as_array().unwrap().is_empty());
+
+    let status = world.run_ok(&["status", &attached, "--json"]).json();
+    assert_eq!(status["changed"], false);
+    assert_eq!(status["uuid"], attached.as_str());
+    assert_volume_fields(&status);
+    assert_eq!(status["device"], device.as_str());
+    let human = world.run_ok(&["status", &attached]).stdout;
+    assert!(
+        human.contains(&device) && human.contains("active (exited)"),
+        "{human}"
+    );
+    let table = world.run(&["list"]).stdout;
+    assert!(
+        table.contains(&attached) && table.contains("error:"),
+        "{table}"
+    );
+
+    world.run_ok(&["detach", &attached]);
+    world.run_ok(&["detach", &block]);
+}
+
+#[test]
+fn list_and_status_work_without_systemd() {
+    let fx = Fixture::new();
+    let uuid = new_uuid();
+    fx.make_ext4(&uuid);
+    fx.register(&uuid, "filesystem", "");
+    let missing = format!("unix:path={}", fx.root.path().join("no-bus").display());
+
+    let began = Instant::now();
+    let run = run_on(&fx, &missing, &["list", "--json"], &[]);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    let list = run.json();
+    assert!(list["systemd_error"]
+        .as_str()
+        .unwrap()
+        .contains("cannot reach systemd"));
+    assert_eq!(list["volumes"][0]["active_state"], "unknown");
+    assert_eq!(list["volumes"][0]["sub_state"], "unknown");
+    assert_eq!(list["volumes"][0]["unit_result"], serde_json::Value::Null);
+    assert_eq!(list["volumes"][0]["device"], serde_json::Value::Null);
+
+    let status = run_on(&fx, &missing, &["status", &uuid, "--json"], &[]);
+    assert_eq!(status.code, 0, "{}", status.stderr);
+    assert_eq!(status.json()["active_state"], "unknown");
+    assert!(began.elapsed() < Duration::from_secs(4));
+}

@@ -1,0 +1,387 @@
+//! The stand-in for systemd's Manager and unit objects.
+
+use std::collections::HashMap;
+use std::fmt::Write;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use sparse_volume::paths::{SystemRoot, VOLUMES_TARGET};
+use sparse_volume::registry::Registry;
+use sparse_volume::systemd::unit_name;
+use zbus::object_server::SignalEmitter;
+use zbus::zvariant::{ObjectPath, OwnedObjectPath};
+use zbus::{connection, interface, Connection, ObjectServer};
+
+const MANAGER_PATH: &str = "/org/freedesktop/systemd1";
+
+/// What a unit looks like to clients.
+#[derive(Clone, Debug)]
+pub struct UnitRecord {
+    pub active_state: String,
+    pub sub_state: String,
+    pub result: String,
+    pub wanted_by: Vec<String>,
+    pub required_by: Vec<String>,
+}
+
+impl UnitRecord {
+    fn inactive() -> Self {
+        Self {
+            active_state: "inactive".into(),
+            sub_state: "dead".into(),
+            result: "success".into(),
+            wanted_by: Vec::new(),
+            required_by: Vec::new(),
+        }
+    }
+}
+
+struct State {
+    calls: Vec<String>,
+    /// What the next jobs end with; `None`: they never end (no JobRemoved).
+    job_result: Option<String>,
+    units: HashMap<String, UnitRecord>,
+    next_job: u32,
+    /// The registry root the emulated generator reads on Reload.
+    registry_root: PathBuf,
+}
+
+type Shared = Arc<Mutex<State>>;
+
+/// Owns `org.freedesktop.systemd1` on the bus until dropped.
+pub struct StubSystemd {
+    connection: Connection,
+    state: Shared,
+}
+
+impl StubSystemd {
+    /// Serves on `address`; Reload reads the registry under `registry_root`
+    /// the way the generator would.
+    pub fn start(address: &str, registry_root: PathBuf) -> Self {
+        let state = Arc::new(Mutex::new(State {
+            calls: Vec::new(),
+            job_result: Some("done".into()),
+            units: HashMap::new(),
+            next_job: 1,
+            registry_root,
+        }));
+        let manager = Manager {
+            state: state.clone(),
+        };
+        let connection = async_io::block_on(async {
+            connection::Builder::address(address)?
+                .name("org.freedesktop.systemd1")?
+                .serve_at(MANAGER_PATH, manager)?
+                .build()
+                .await
+        })
+        .expect("serving the stub systemd on the private bus");
+        Self { connection, state }
+    }
+
+    /// `Some("failed")` etc. for the result of the next jobs; `None` for
+    /// jobs that never finish.
+    pub fn set_job_result(&self, result: Option<&str>) {
+        self.state.lock().unwrap().job_result = result.map(str::to_string);
+    }
+
+    /// Every call so far, e.g. `StartUnit sparse-volume@U.service replace`.
+    pub fn calls(&self) -> Vec<String> {
+        self.state.lock().unwrap().calls.clone()
+    }
+
+    pub fn unit(&self, name: &str) -> Option<UnitRecord> {
+        self.state.lock().unwrap().units.get(name).cloned()
+    }
+}
+
+impl Drop for StubSystemd {
+    fn drop(&mut self) {
+        // Give the name back at once rather than when the bus goes away.
+        let _ = async_io::block_on(self.connection.release_name("org.freedesktop.systemd1"));
+    }
+}
+
+#[derive(Debug, zbus::DBusError)]
+#[zbus(prefix = "org.freedesktop.systemd1")]
+enum SystemdError {
+    #[zbus(error)]
+    ZBus(zbus::Error),
+    NoSuchUnit(String),
+}
+
+/// systemd's object path for a unit: `/org/freedesktop/systemd1/unit/`
+/// plus the name with every byte but letters (and digits after the first
+/// byte) escaped as `_xx` (sd-bus's bus_label_escape).
+fn unit_path(name: &str) -> OwnedObjectPath {
+    let mut path = String::from("/org/freedesktop/systemd1/unit/");
+    for (i, byte) in name.bytes().enumerate() {
+        if byte.is_ascii_alphabetic() || (i > 0 && byte.is_ascii_digit()) {
+            path.push(byte as char);
+        } else {
+            let _ = write!(path, "_{byte:02x}");
+        }
+    }
+    OwnedObjectPath::try_from(path).expect("a valid object path")
+}
+
+struct Manager {
+    state: Shared,
+}
+
+impl Manager {
+    fn record(&self, call: String) {
+        self.state.lock().unwrap().calls.push(call);
+    }
+
+    /// Loads the unit (creating its objects) if it is not loaded yet.
+    async fn load(&self, server: &ObjectServer, name: &str) -> zbus::Result<OwnedObjectPath> {
+        let path = unit_path(name);
+        let fresh = {
+            let mut state = self.state.lock().unwrap();
+            let fresh = !state.units.contains_key(name);
+            state
+                .units
+                .entry(name.to_string())
+                .or_insert_with(UnitRecord::inactive);
+            fresh
+        };
+        if fresh {
+            let unit = UnitObject {
+                name: name.to_string(),
+                state: self.state.clone(),
+            };
+            server.at(&path, unit).await?;
+            let service = ServiceObject {
+                name: name.to_string(),
+                state: self.state.clone(),
+            };
+            server.at(&path, service).await?;
+        }
+        Ok(path)
+    }
+
+    /// Queues a job: the reply names it, and like systemd the JobRemoved
+    /// signal follows later, after the unit changed state.
+    fn queue_job(
+        &self,
+        connection: &Connection,
+        unit: &str,
+        target: (&str, &str, &str),
+    ) -> OwnedObjectPath {
+        let (id, result) = {
+            let mut state = self.state.lock().unwrap();
+            let id = state.next_job;
+            state.next_job += 1;
+            (id, state.job_result.clone())
+        };
+        let job = OwnedObjectPath::try_from(format!("/org/freedesktop/systemd1/job/{id}"))
+            .expect("a valid object path");
+        let Some(result) = result else {
+            // A job that hangs: the unit stays in transition for good.
+            if let Some(record) = self.state.lock().unwrap().units.get_mut(unit) {
+                record.active_state = "activating".into();
+                record.sub_state = "start".into();
+            }
+            return job;
+        };
+        let state = self.state.clone();
+        let connection = connection.clone();
+        let unit = unit.to_string();
+        let signal_job = job.clone();
+        let (done_active, done_sub, done_result) = target;
+        let (active, sub, unit_result) = if result == "done" {
+            (
+                done_active.to_string(),
+                done_sub.to_string(),
+                done_result.to_string(),
+            )
+        } else {
+            (
+                "failed".to_string(),
+                "failed".to_string(),
+                "exit-code".to_string(),
+            )
+        };
+        std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(50));
+            if let Some(record) = state.lock().unwrap().units.get_mut(&unit) {
+                record.active_state = active;
+                record.sub_state = sub;
+                record.result = unit_result;
+            }
+            let _ = async_io::block_on(async {
+                let emitter = SignalEmitter::new(&connection, MANAGER_PATH)?;
+                Manager::job_removed(&emitter, id, signal_job.as_ref(), &unit, &result).await
+            });
+        });
+        job
+    }
+}
+
+#[interface(name = "org.freedesktop.systemd1.Manager")]
+impl Manager {
+    fn subscribe(&self) {
+        self.record("Subscribe".into());
+    }
+
+    /// Reruns "the generator": units of enabled volumes become required by
+    /// sparse-volumes.target (its `.requires` links), those of disabled
+    /// ones no longer are.
+    async fn reload(&self, #[zbus(object_server)] server: &ObjectServer) -> zbus::fdo::Result<()> {
+        self.record("Reload".into());
+        let root = self.state.lock().unwrap().registry_root.clone();
+        let registry = Registry::open(SystemRoot::at(root))
+            .map_err(|e| zbus::fdo::Error::Failed(e.to_string()))?;
+        let entries = registry
+            .entries()
+            .map_err(|e| zbus::fdo::Error::Failed(e.to_string()))?;
+        for volume in entries.into_iter().filter_map(|e| e.volume.ok()) {
+            let name = unit_name(&volume.id);
+            if volume.enabled {
+                self.load(server, &name).await?;
+            }
+            if let Some(record) = self.state.lock().unwrap().units.get_mut(&name) {
+                record.required_by = if volume.enabled {
+                    vec![VOLUMES_TARGET.to_string()]
+                } else {
+                    Vec::new()
+                };
+            }
+        }
+        Ok(())
+    }
+
+    async fn start_unit(
+        &self,
+        name: String,
+        mode: String,
+        #[zbus(connection)] connection: &Connection,
+        #[zbus(object_server)] server: &ObjectServer,
+    ) -> zbus::fdo::Result<OwnedObjectPath> {
+        self.record(format!("StartUnit {name} {mode}"));
+        self.load(server, &name).await?;
+        Ok(self.queue_job(connection, &name, ("active", "exited", "success")))
+    }
+
+    async fn stop_unit(
+        &self,
+        name: String,
+        mode: String,
+        #[zbus(connection)] connection: &Connection,
+        #[zbus(object_server)] server: &ObjectServer,
+    ) -> zbus::fdo::Result<OwnedObjectPath> {
+        self.record(format!("StopUnit {name} {mode}"));
+        self.load(server, &name).await?;
+        Ok(self.queue_job(connection, &name, ("inactive", "dead", "success")))
+    }
+
+    fn reset_failed_unit(&self, name: String) -> Result<(), SystemdError> {
+        self.record(format!("ResetFailedUnit {name}"));
+        let mut state = self.state.lock().unwrap();
+        let record = state
+            .units
+            .get_mut(&name)
+            .ok_or_else(|| SystemdError::NoSuchUnit(format!("Unit {name} not loaded.")))?;
+        if record.active_state == "failed" {
+            *record = UnitRecord {
+                wanted_by: record.wanted_by.clone(),
+                required_by: record.required_by.clone(),
+                ..UnitRecord::inactive()
+            };
+        }
+        Ok(())
+    }
+
+    fn get_unit(&self, name: String) -> Result<OwnedObjectPath, SystemdError> {
+        self.record(format!("GetUnit {name}"));
+        if self.state.lock().unwrap().units.contains_key(&name) {
+            Ok(unit_path(&name))
+        } else {
+            Err(SystemdError::NoSuchUnit(format!("Unit {name} not loaded.")))
+        }
+    }
+
+    async fn load_unit(
+        &self,
+        name: String,
+        #[zbus(object_server)] server: &ObjectServer,
+    ) -> zbus::fdo::Result<OwnedObjectPath> {
+        self.record(format!("LoadUnit {name}"));
+        Ok(self.load(server, &name).await?)
+    }
+
+    #[zbus(signal)]
+    async fn job_removed(
+        emitter: &SignalEmitter<'_>,
+        id: u32,
+        job: ObjectPath<'_>,
+        unit: &str,
+        result: &str,
+    ) -> zbus::Result<()>;
+
+    #[zbus(property)]
+    fn version(&self) -> String {
+        "252-stub".into()
+    }
+}
+
+struct UnitObject {
+    name: String,
+    state: Shared,
+}
+
+impl UnitObject {
+    fn get(&self) -> UnitRecord {
+        self.state.lock().unwrap().units[&self.name].clone()
+    }
+}
+
+#[interface(name = "org.freedesktop.systemd1.Unit")]
+impl UnitObject {
+    #[zbus(property)]
+    fn active_state(&self) -> String {
+        self.get().active_state
+    }
+
+    #[zbus(property)]
+    fn sub_state(&self) -> String {
+        self.get().sub_state
+    }
+
+    #[zbus(property)]
+    fn wanted_by(&self) -> Vec<String> {
+        self.get().wanted_by
+    }
+
+    #[zbus(property)]
+    fn required_by(&self) -> Vec<String> {
+        self.get().required_by
+    }
+}
+
+struct ServiceObject {
+    name: String,
+    state: Shared,
+}
+
+#[interface(name = "org.freedesktop.systemd1.Service")]
+impl ServiceObject {
+    #[zbus(property, name = "Result")]
+    fn result(&self) -> String {
+        self.state.lock().unwrap().units[&self.name].result.clone()
+    }
+
+    /// The template unit's TimeoutStartSec=90s.
+    #[zbus(property, name = "TimeoutStartUSec")]
+    fn timeout_start_usec(&self) -> u64 {
+        90_000_000
+    }
+
+    /// systemd's default, and its "infinity" would read the same way.
+    #[zbus(property, name = "TimeoutStopUSec")]
+    fn timeout_stop_usec(&self) -> u64 {
+        90_000_000
+    }
+}
