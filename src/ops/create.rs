@@ -11,7 +11,7 @@ use anyhow::{bail, Context, Result};
 use nix::fcntl::{fallocate, renameat2, FallocateFlags, RenameFlags};
 use serde::Serialize;
 
-use super::attach::attach;
+use super::activate::bring_up_now;
 use super::Report;
 
 use crate::backing::open_backing_file;
@@ -119,9 +119,10 @@ pub fn create(root: &SystemRoot, request: &CreateRequest) -> Result<CreateReport
     let mut report = create_registered(root, request)?;
     if request.now {
         let id: VolumeId = report.uuid.parse().map_err(anyhow::Error::msg)?;
-        let attached = attach(root, &id)?;
-        report.changed |= attached.changed;
-        report.device = Some(attached.device);
+        let activation = bring_up_now(root, &id)?;
+        report.changed |= activation.changed;
+        report.device = activation.device;
+        report.note = Some(activation.how);
     }
     Ok(report)
 }

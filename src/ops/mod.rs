@@ -1,6 +1,7 @@
 //! The volume operations behind the CLI commands. Each returns a report
 //! that the CLI prints for people or as one JSON object.
 
+pub mod activate;
 pub mod attach;
 pub mod check;
 pub mod create;

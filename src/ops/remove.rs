@@ -11,7 +11,7 @@ use serde::Serialize;
 
 use super::Report;
 
-use super::detach::detach;
+use super::activate::{bring_down_now, reload_if_reachable};
 use crate::crashpoint;
 use crate::fsutil::sync_dir;
 use crate::paths::SystemRoot;
@@ -54,7 +54,7 @@ pub fn remove(root: &SystemRoot, id: &VolumeId, delete_data: bool) -> Result<Rem
         });
     };
     // Refuses (and changes nothing) while the volume is mounted.
-    let detached = detach(root, id)?.devices;
+    let detached = bring_down_now(root, id)?;
     crashpoint::here("remove:after-detach");
 
     let host_path = root.host_path(&volume.path);
@@ -75,6 +75,8 @@ pub fn remove(root: &SystemRoot, id: &VolumeId, delete_data: bool) -> Result<Rem
     let entry = root.volume_file(id);
     std::fs::remove_file(&entry).with_context(|| format!("deleting {}", entry.display()))?;
     sync_dir(&root.volumes_dir())?;
+    // The generator drops the instance at the next reload; do it now.
+    reload_if_reachable()?;
     Ok(RemoveReport {
         changed: true,
         uuid: id.to_string(),
