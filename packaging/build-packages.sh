@@ -42,7 +42,10 @@ source_date_epoch() {
 
 build_binaries() {
     log "cargo build --release"
-    (cd "$TOP" && cargo build --release --locked --workspace)
+    # The generator on its own: built together with the CLI, cargo would
+    # unify features and link D-Bus into it.
+    (cd "$TOP" && cargo build --release --locked -p sparse-volume -p sparse-volume-docgen)
+    (cd "$TOP" && cargo build --release --locked -p sparse-volume-generator)
 }
 
 # The version that was built, as the binary reports it ("sparse-volume 0.1.0").
