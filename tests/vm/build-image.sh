@@ -25,6 +25,17 @@ readonly SOURCES_FILE=/etc/apt/sources.list.d/debian.sources
 HERE=$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")" && pwd)
 readonly HERE
 
+# Removes DIR even if a killed or failed mmdebstrap left /proc, /sys or
+# /dev nodes mounted inside: unmounts those first, never crosses into
+# another file system.
+remove_tree() {
+    local dir=$1 mnt
+    [[ -e $dir ]] || return 0
+    awk -v d="$dir/" 'index($5, d) == 1 { print $5 }' /proc/self/mountinfo |
+        sort -r | while read -r mnt; do umount -l -- "$mnt" || true; done
+    rm -rf --one-file-system -- "$dir"
+}
+
 log() { printf '%s build-image: %s\n' "$(date +%T)" "$*" >&2; }
 die() { log "ERROR: $*"; exit 1; }
 
@@ -37,12 +48,14 @@ mirror_url() {
     fi
     local url=""
     if [[ -r $SOURCES_FILE ]]; then
+        # deb822: stanzas separated by blank lines.
         url=$(awk -v suite="$SUITE" '
-            /^[ \t]*$/ { if (ok && uri != "") { print uri; exit } ok = 0; uri = ""; next }
+            function stanza_end() { if (ok && uri != "" && !found) { print uri; found = 1 } ok = 0; uri = "" }
+            /^[ \t]*$/              { stanza_end(); next }
             tolower($1) == "uris:"   { uri = $2 }
             tolower($1) == "suites:" { for (i = 2; i <= NF; i++) if ($i == suite) ok = 1 }
-            END { if (ok && uri != "") print uri }
-        ' "$SOURCES_FILE" | head -n 1)
+            END                      { stanza_end() }
+        ' "$SOURCES_FILE")
     fi
     if [[ -z $url && -r /etc/apt/sources.list ]]; then
         url=$(awk -v suite="$SUITE" '$1 == "deb" && $3 == suite { print $2; exit }' \
@@ -60,7 +73,8 @@ package_list() {
 check_tools() {
     local tool
     for tool in mmdebstrap mkfs.ext4 e2fsck qemu-img ssh-keygen; do
-        command -v "$tool" >/dev/null || die "missing host tool: $tool"
+        command -v "$tool" >/dev/null ||
+            die "missing host tool: $tool (apt-get install -y mmdebstrap e2fsprogs qemu-utils openssh-client)"
     done
     [[ $(id -u) == 0 ]] || die "must run as root"
 }
@@ -179,8 +193,10 @@ main() {
     work=$out/work
     check_tools
     mkdir "$work"
-    # shellcheck disable=SC2064 # expand $work now
-    trap "rm -rf -- '$work'" EXIT
+    WORK=$work
+    trap 'remove_tree "$WORK"' EXIT
+    trap 'exit 130' INT
+    trap 'exit 143' TERM
 
     ssh-keygen -q -t ed25519 -N '' -C sparse-volume-vm -f "$out/id_ed25519"
     bootstrap "$work/rootfs" "$out/build.log"

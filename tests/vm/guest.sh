@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# shellcheck disable=SC2153 # the volume variables come from $STATE
 # The guest half of the VM scenario (tests/vm/scenario.sh copies it in and
 # runs one phase at a time over SSH, as root, in a Debian 12 guest with real
 # systemd and udev):
@@ -61,14 +62,14 @@ setup() {
 storage_roots = ["/var/lib/sparse-volume", "/srv/volumes"]
 EOF
 
-    local ext4 xfs block readonly other disabled corrupt
-    ext4=$(new_uuid) xfs=$(new_uuid) block=$(new_uuid) readonly=$(new_uuid)
+    local ext4 xfs block ro other disabled corrupt
+    ext4=$(new_uuid) xfs=$(new_uuid) block=$(new_uuid) ro=$(new_uuid)
     other=$(new_uuid) disabled=$(new_uuid) corrupt=$(new_uuid)
     cat >"$STATE" <<EOF
 EXT4=$ext4
 XFS=$xfs
 BLOCK=$block
-READONLY=$readonly
+READONLY=$ro
 OTHER=$other
 DISABLED=$disabled
 CORRUPT=$corrupt
@@ -78,9 +79,9 @@ EOF
     $CLI create --uuid "$ext4" --size 64M --name consumer --now
     $CLI create --uuid "$xfs" --size 320M --fs xfs --now
     $CLI create --uuid "$block" --size 64M --mode block --now
-    $CLI create --uuid "$readonly" --size 64M
-    sed -i 's/^read_only = false$/read_only = true/' "/etc/sparse-volume/volumes.d/$readonly.toml"
-    $CLI start "$readonly"
+    $CLI create --uuid "$ro" --size 64M
+    sed -i 's/^read_only = false$/read_only = true/' "/etc/sparse-volume/volumes.d/$ro.toml"
+    $CLI start "$ro"
     $CLI create --uuid "$other" --size 64M --path "/srv/volumes/$other" --now
     $CLI create --uuid "$disabled" --size 64M
     $CLI disable "$disabled" --now
@@ -116,7 +117,8 @@ EOF
         log "breaking the product on purpose: removing the generator"
         rm -f /usr/lib/systemd/system-generators/sparse-volume-generator
     fi
-    $CLI list
+    # list shows every volume and exits 1 because of the corrupt file.
+    if $CLI list; then fail "list did not report the corrupt registry file"; fi
 }
 
 verify() {
@@ -159,7 +161,10 @@ verify() {
         fail "ordering cycle in this boot's journal"
     fi
     # The corrupt registry file is skipped and logged by the generator.
-    journalctl -b 0 -k --no-pager | grep -q "sparse-volume-generator: .*$CORRUPT.toml" ||
+    # (grep -q on a pipe would SIGPIPE journalctl and fail under pipefail)
+    local kernel_log
+    kernel_log=$(journalctl -b 0 -k --no-pager)
+    grep -q "sparse-volume-generator: .*$CORRUPT.toml:2: .*volume skipped" <<<"$kernel_log" ||
         fail "the generator did not log the corrupt registry file"
     if ((boot > 1)); then
         # The previous shutdown: every detach ran, none failed.
@@ -187,7 +192,7 @@ systemd_commands() {
     out=$($CLI disable "$XFS" --now --json)
     [[ $(json_field changed <<<"$out") == false ]] || fail "a repeated disable changed something: $out"
     out=$($CLI enable "$XFS" --now --json)
-    [[ $(json_field job_result <<<"$out") == done ]] || fail "enable --now: $out"
+    [[ $(json_field job_result <<<"$out") == "done" ]] || fail "enable --now: $out"
     only_loop_of "$file" >/dev/null
     [[ $(systemctl is-active "sparse-volume@$XFS.service") == active ]] || fail "unit not active after enable --now"
     $CLI stop "$XFS"
@@ -231,7 +236,9 @@ package() {
     # shellcheck disable=SC1090
     . "$STATE"
     local before after
-    MANWIDTH=80 man sparse-volume | grep -q 'sparse-volume' || fail "man sparse-volume does not render"
+    local page
+    page=$(MANWIDTH=80 man sparse-volume 2>&1)
+    grep -q '^SYNOPSIS' <<<"$page" || fail "man sparse-volume does not render: $page"
     before=$(losetup --noheadings -O NAME,BACK-FILE | sort)
     dpkg -i /root/sparse-volume_*.deb >/dev/null
     after=$(losetup --noheadings -O NAME,BACK-FILE | sort)

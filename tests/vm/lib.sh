@@ -57,7 +57,8 @@ vm_serial_tail() {
     local lines=${1:-$SV_VM_SERIAL_TAIL} file=${SV_VM_RUN:+$SV_VM_RUN/serial.log}
     [[ -n $file && -s $file ]] || return 0
     vm_log "last $lines lines of the serial console ($file):"
-    tail -n "$lines" "$file" | tr -d '\r' | sed 's/^/    | /' >&2
+    tail -n "$lines" "$file" | tr -d '\r' |
+        sed -e 's/\x1b\[[0-9;]*m//g' -e 's/^/    | /' | awk 1 >&2
 }
 
 vm__fail() {
@@ -65,8 +66,20 @@ vm__fail() {
     vm_serial_tail
     if [[ -n $SV_VM_RUN && -s $SV_VM_RUN/qemu.log ]]; then
         vm_log "qemu's own output:"
-        sed 's/^/    | /' "$SV_VM_RUN/qemu.log" >&2
+        tail -n 20 "$SV_VM_RUN/qemu.log" | sed 's/^/    | /' >&2
     fi
+    return 1
+}
+
+# vm__need_tools TOOL...: fails, naming the Debian packages, if any is missing.
+vm__need_tools() {
+    local tool missing=()
+    for tool in "$@"; do
+        command -v "$tool" >/dev/null || missing+=("$tool")
+    done
+    ((${#missing[@]} == 0)) && return 0
+    vm_log "ERROR: missing host tools: ${missing[*]}"
+    vm_log "install: apt-get install -y qemu-system-x86 qemu-utils mmdebstrap openssh-client (see tests/vm/README.md)"
     return 1
 }
 
@@ -89,6 +102,7 @@ vm__use_image() {
 # is renamed into place only when complete, under a lock.
 vm_image_build() {
     local hash dir start lock_fd
+    vm__need_tools sha256sum flock || return 1
     hash=$(vm__recipe_hash) || return 1
     dir=$SV_VM_CACHE/$hash
     if [[ $SV_VM_REBUILD != 1 && -f $dir/image.env ]]; then
@@ -100,7 +114,11 @@ vm_image_build() {
     exec {lock_fd}>"$SV_VM_CACHE/.lock" || return 1
     if ! flock -n "$lock_fd"; then
         vm_log "image: waiting for another build ($SV_VM_CACHE/.lock)"
-        flock "$lock_fd" || { exec {lock_fd}>&-; return 1; }
+        flock -w 900 "$lock_fd" || {
+            exec {lock_fd}>&-
+            vm_log "ERROR: $SV_VM_CACHE/.lock still held after 900s"
+            return 1
+        }
     fi
     if [[ $SV_VM_REBUILD != 1 && -f $dir/image.env ]]; then
         vm_log "image: built meanwhile by another process, $dir"
@@ -118,14 +136,27 @@ vm_image_build() {
     vm__use_image "$dir"
 }
 
+# Removes a directory tree that a killed mmdebstrap may have left with
+# /proc, /sys or /dev nodes mounted inside: unmounts those first, and never
+# crosses into another file system.
+vm__remove_tree() {
+    local dir=$1 mnt
+    [[ -e $dir ]] || return 0
+    awk -v d="$dir/" 'index($5, d) == 1 { print $5 }' /proc/self/mountinfo |
+        sort -r | while read -r mnt; do umount -l -- "$mnt" || true; done
+    rm -rf --one-file-system -- "$dir"
+}
+
 # Runs with the cache lock held.
 vm__build_locked() {
     local hash=$1 dir=$2 tmp old
     # Left-overs of killed builds: nobody else can be building now.
-    rm -rf -- "$SV_VM_CACHE"/.build-* "$SV_VM_CACHE"/.old-*
+    for old in "$SV_VM_CACHE"/.build-* "$SV_VM_CACHE"/.old-*; do
+        vm__remove_tree "$old"
+    done
     tmp=$(mktemp -d "$SV_VM_CACHE/.build-$hash.XXXXXX") || return 1
     if ! bash "$SV_VM_LIB_DIR/build-image.sh" "$tmp"; then
-        rm -rf -- "$tmp"
+        vm__remove_tree "$tmp"
         return 1
     fi
     if [[ -e $dir ]]; then
@@ -185,9 +216,14 @@ vm__make_disks() {
 # Disks are explicit virtio-blk devices in a fixed order: vda is the root
 # disk (serial sv-root), vdb, vdc... the data disks (serial sv-dataN, so
 # /dev/disk/by-id/virtio-sv-dataN in the guest).
+# TCG: a 128 MiB translation cache instead of the default 1 GiB made
+# reboots faster and steadier here (19-27 s against 25-48 s).
 vm__qemu_cmd() {
     local accel=$1 cpu=max disk i=1
-    [[ $accel == kvm ]] && cpu=host
+    case $accel in
+    kvm) cpu=host ;;
+    tcg) accel=tcg,tb-size=128 ;;
+    esac
     VM__QEMU=(
         qemu-system-x86_64 -name sparse-volume-test -nodefaults -no-user-config
         -machine q35 -accel "$accel" -cpu "$cpu" -smp "$SV_VM_CPUS" -m "$SV_VM_MEM"
@@ -266,7 +302,7 @@ vm__set_ssh_cmd() {
 # One bounded attempt: does the guest's sshd answer, and with which boot_id?
 # (A shorter ConnectTimeout: the first value of an ssh option wins.)
 vm__try_boot_id() {
-    timeout 20 ssh -o ConnectTimeout=4 "${SV_VM_SSH_CMD[@]:1}" \
+    timeout 10 ssh -o ConnectTimeout=4 "${SV_VM_SSH_CMD[@]:1}" \
         cat /proc/sys/kernel/random/boot_id </dev/null 2>/dev/null
 }
 
@@ -331,7 +367,7 @@ vm__boot() {
         grep -qs 'hostfwd\|host forwarding' "$SV_VM_RUN/qemu.log" || return 1
         vm_log "port $SV_VM_PORT was taken, retrying"
     done
-    vm__wait_ssh "$timeout"
+    vm__qemu_alive && vm__wait_ssh "$timeout"
 }
 
 # vm_start [SIZE...]: boots a fresh VM (a new overlay on the base image)
@@ -347,6 +383,7 @@ vm_start() {
         vm_log "ERROR: a VM is already running (pid $SV_VM_PID); vm_stop it first"
         return 1
     fi
+    vm__need_tools qemu-system-x86_64 qemu-img ssh scp timeout || return 1
     [[ -n $SV_VM_IMAGE ]] || vm_image_build || return 1
     accels=$(vm__accels) || return 1
     [[ -n $SV_VM_RUN ]] || SV_VM_RUN=$(mktemp -d -t sv-vm.XXXXXX) || return 1

@@ -40,8 +40,9 @@ on_exit() {
 }
 
 check_system() {
-    local state
-    log "guest kernel: $(vm_ssh uname -r)"
+    local kernel state
+    kernel=$(vm_ssh uname -r </dev/null)
+    log "guest kernel: $kernel"
     state=$(vm_ssh 'timeout 120 systemctl is-system-running --wait' </dev/null) || true
     log "system state: ${state:-?}"
     case $state in
@@ -103,10 +104,11 @@ EOF
 }
 
 check_reboot() {
-    local before
+    local before after
     before=$(vm_boot_id)
     vm_reboot
-    [[ $(vm_boot_id) != "$before" ]] || vm__fail "boot_id did not change"
+    after=$(vm_boot_id)
+    [[ $after != "$before" ]] || vm__fail "boot_id did not change"
 }
 
 check_journal() {
@@ -132,7 +134,8 @@ check_stopped() {
 main() {
     [[ $(id -u) == 0 ]] || { log "must run as root"; exit 1; }
     trap on_exit EXIT
-    trap 'exit 130' INT TERM
+    trap 'exit 130' INT
+    trap 'exit 143' TERM
     local start
     start=$(vm__now_ms)
     phase image vm_image_build
