@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use sparse_volume::paths::{DEFAULT_STORAGE_ROOT, UNIT_TEMPLATE, VOLUMES_TARGET};
 use sparse_volume::registry::{Config, Mode, Volume};
+use sparse_volume::systemd::unit_name;
 
 use crate::escape::{unit_file_path_word, unit_name_path_escape};
 
@@ -44,7 +45,7 @@ impl Plan {
     /// the volume cannot be expressed in unit files (then nothing of it is
     /// added).
     pub fn add_volume(&mut self, volume: &Volume) -> Result<(), String> {
-        let instance = format!("sparse-volume@{}.service", volume.id);
+        let instance = unit_name(&volume.id);
         let dropin = volume_dropin(volume)?;
         self.outputs.insert(
             PathBuf::from(format!("{VOLUMES_TARGET}.requires")).join(&instance),

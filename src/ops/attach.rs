@@ -4,7 +4,7 @@ use std::fs::File;
 use std::os::unix::fs::MetadataExt;
 use std::path::PathBuf;
 
-use anyhow::{anyhow, bail, Context, Result};
+use anyhow::{bail, Context, Result};
 use serde::Serialize;
 
 use super::Report;
@@ -60,12 +60,7 @@ impl Report for AttachReport {
 
 pub fn attach(root: &SystemRoot, id: &VolumeId) -> Result<AttachReport> {
     let registry = Registry::open(root.clone())?;
-    let volume = registry.get(id)?.ok_or_else(|| {
-        anyhow!(
-            "the volume is not registered (no {})",
-            root.volume_file(id).display()
-        )
-    })?;
+    let volume = registry.require(id)?;
     let _lock = Registry::volume_lock(root, id)?;
 
     let path = root.host_path(&volume.path);

@@ -2,7 +2,7 @@
 //! `enabled` flag (what the generator turns into a boot-time wants link),
 //! a daemon-reload so systemd sees it, and with `--now` the unit itself.
 
-use anyhow::{anyhow, Context, Result};
+use anyhow::{Context, Result};
 use serde::Serialize;
 
 use super::start::{bring_down, bring_up, UnitOutcome};
@@ -55,21 +55,15 @@ pub fn disable(root: &SystemRoot, id: &VolumeId, now: bool) -> Result<EnableRepo
 
 fn set_enabled(root: &SystemRoot, id: &VolumeId, enabled: bool, now: bool) -> Result<EnableReport> {
     let registry = Registry::open(root.clone())?;
-    let not_registered = || {
-        anyhow!(
-            "the volume is not registered (no {})",
-            root.volume_file(id).display()
-        )
-    };
     // Check what can fail before changing anything: an unknown volume, or
     // no systemd to tell about the change.
-    registry.get(id)?.ok_or_else(not_registered)?;
+    registry.require(id)?;
     let systemd = Systemd::connect()?;
     let unit = unit_name(id);
 
     let flag_changed = {
         let _lock = registry.lock()?;
-        let mut volume = registry.get(id)?.ok_or_else(not_registered)?;
+        let mut volume = registry.require(id)?;
         let changed = volume.enabled != enabled;
         if changed {
             volume.enabled = enabled;

@@ -58,9 +58,7 @@ pub fn resize(root: &SystemRoot, id: &VolumeId, requested: u64) -> Result<Resize
     let size = requested.div_ceil(MIB) * MIB;
     let registry = Registry::open(root.clone())?;
     let _lock = registry.lock()?;
-    let Some(mut volume) = registry.get(id)? else {
-        bail!("the volume is not registered");
-    };
+    let mut volume = registry.require(id)?;
     let old_size = volume.size;
     if size < old_size {
         bail!(

@@ -1,7 +1,7 @@
 //! `sparse-volume start U` / `stop U`: the volume's unit through systemd,
 //! waiting for the job result. Also the `--now` half of enable/disable.
 
-use anyhow::{anyhow, bail, Result};
+use anyhow::{anyhow, Result};
 use serde::Serialize;
 
 use super::Report;
@@ -45,12 +45,7 @@ pub fn start(root: &SystemRoot, id: &VolumeId) -> Result<StartReport> {
     // The unit's attach refuses unregistered volumes too; saying so here
     // is clearer than a failed job.
     let registry = Registry::open(root.clone())?;
-    if registry.get(id)?.is_none() {
-        bail!(
-            "the volume is not registered (no {})",
-            root.volume_file(id).display()
-        );
-    }
+    registry.require(id)?;
     let systemd = Systemd::connect()?;
     let unit = unit_name(id);
     report(id, unit.clone(), bring_up(&systemd, &unit)?)

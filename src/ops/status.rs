@@ -1,7 +1,7 @@
 //! `sparse-volume status U`: one volume in detail (the same fields as a
 //! `list` row).
 
-use anyhow::{anyhow, Result};
+use anyhow::Result;
 use serde::Serialize;
 
 use super::inspect::{inspect, UnitLookup, VolumeInfo};
@@ -23,12 +23,7 @@ pub struct StatusReport {
 
 pub fn status(root: &SystemRoot, id: &VolumeId) -> Result<StatusReport> {
     let registry = Registry::open(root.clone())?;
-    let volume = registry.get(id)?.ok_or_else(|| {
-        anyhow!(
-            "the volume is not registered (no {})",
-            root.volume_file(id).display()
-        )
-    })?;
+    let volume = registry.require(id)?;
     let (systemd, systemd_error) = connect_for_reading(true);
     Ok(StatusReport {
         changed: false,

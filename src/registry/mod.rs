@@ -83,6 +83,17 @@ impl Registry {
         self.read_file(&file).map(Some)
     }
 
+    /// The volume registered under `id`; its absence is an error that
+    /// names the file that would have to exist.
+    pub fn require(&self, id: &VolumeId) -> Result<Volume> {
+        self.get(id)?.with_context(|| {
+            format!(
+                "the volume is not registered (no {})",
+                self.root.volume_file(id).display()
+            )
+        })
+    }
+
     fn read_file(&self, file: &Path) -> Result<Volume, RegistryError> {
         let text = fs::read_to_string(file)
             .map_err(|e| RegistryError::new(file, None, format!("cannot be read: {e}")))?;
