@@ -8,7 +8,7 @@
 #   guest.sh verify N         after boot N: everything is back, exactly once
 #   guest.sh systemd          enable/disable/start/stop against real systemd
 #   guest.sh detach-by-link   detach a partition's parent found by udev link
-#   guest.sh package          reinstall keeps volumes attached; remove keeps data
+#   guest.sh package          an upgrade keeps volumes attached; remove keeps data
 #
 # Volume UUIDs are chosen at setup and kept in $STATE for later phases.
 set -euo pipefail
@@ -240,15 +240,17 @@ package() {
     page=$(MANWIDTH=80 man sparse-volume 2>&1)
     grep -q '^SYNOPSIS' <<<"$page" || fail "man sparse-volume does not render: $page"
     before=$(losetup --noheadings -O NAME,BACK-FILE | sort)
-    dpkg -i /root/sparse-volume_*.deb >/dev/null
+    dpkg -i /root/upgrade.deb >/dev/null
+    [[ $(dpkg-query -W -f '${Version}' sparse-volume) == *upgrade1 ]] || fail "the upgrade was not installed"
     after=$(losetup --noheadings -O NAME,BACK-FILE | sort)
-    [[ $before == "$after" ]] || fail "reinstalling the package changed the loop devices"
-    findmnt /srv/consumer >/dev/null || fail "reinstalling the package unmounted a consumer"
+    [[ $before == "$after" ]] || fail "upgrading the package changed the loop devices"
+    findmnt /srv/consumer >/dev/null || fail "upgrading the package unmounted a consumer"
+    [[ -z $(systemctl --failed --no-legend --plain) ]] || fail "units failed during the upgrade"
     apt-get remove -y sparse-volume >/dev/null
     [[ -f /etc/sparse-volume/volumes.d/$EXT4.toml && -f /var/lib/sparse-volume/$EXT4 ]] ||
         fail "apt-get remove deleted the registry or the data"
     check_payload /srv/consumer consumer
-    log "reinstall kept every volume attached; remove kept registry and data"
+    log "upgrade kept every volume attached; remove kept registry and data"
 }
 
 case $phase in

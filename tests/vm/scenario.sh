@@ -33,9 +33,20 @@ phase() {
     vm_log "=== $name: done in $(vm__since "$start")"
 }
 
+# The same package with a higher revision, to exercise a real upgrade
+# (maintainer scripts see "configure <old version>") in the guest.
+upgrade_deb() {
+    local tree=$SV_VM_RUN/upgrade
+    rm -rf "$tree"
+    dpkg-deb -R "${debs[0]}" "$tree"
+    sed -i 's/^Version: \(.*\)-\([0-9]*\)$/Version: \1-\2+upgrade1/' "$tree/DEBIAN/control"
+    dpkg-deb --root-owner-group -Zxz -b "$tree" "$SV_VM_RUN/upgrade.deb" >/dev/null
+    echo "$SV_VM_RUN/upgrade.deb"
+}
+
 total=$(vm__now_ms)
 vm_start 1G
-vm_copy_in "${debs[0]}" tests/vm/guest.sh /root/
+vm_copy_in "${debs[0]}" "$(upgrade_deb)" tests/vm/guest.sh /root/
 vm_ssh "dpkg -i /root/${debs[0]##*/}" </dev/null
 phase setup setup
 for boot in 1 2 3; do
