@@ -173,7 +173,7 @@ EOF
 # ext4 populated straight from the directory (mkfs.ext4 -d): no loop
 # device and no mount on the host.
 make_disk() {
-    local root=$1 out=$2 raw=$2/work/root.raw
+    local root=$1 out=$2 raw=$2/scratch/root.raw
     truncate -s "$DISK_SIZE" "$raw"
     mkfs.ext4 -q -F -L sv-root -U "$ROOT_UUID" -d "$root" "$raw"
     local fsck_out
@@ -190,7 +190,7 @@ main() {
     [[ $# == 1 && -d $1 ]] || die "usage: build-image.sh OUTDIR (an existing, empty directory)"
     local out work
     out=$(cd -- "$1" && pwd)
-    work=$out/work
+    work=$out/scratch
     check_tools
     mkdir "$work"
     WORK=$work
