@@ -12,7 +12,7 @@ use serde::Serialize;
 
 use super::Report;
 
-use super::attach::attach;
+use super::activate::bring_up_now;
 use super::create::{clear_creating_mark, has_creating_mark, CREATING_SUFFIX};
 use super::detach::detach_device;
 use crate::backing::open_backing_file;
@@ -286,7 +286,7 @@ fn audit_volume(audit: &mut Audit, volume: &Volume) -> Result<Option<(u64, u64)>
             Some(volume),
             Some(&path),
             format!("{}: enabled but not attached", volume.id),
-            || attach(&root, &volume.id).map(drop),
+            || bring_up_now(&root, &volume.id).map(drop),
         );
     }
     Ok(Some((meta.dev(), meta.ino())))

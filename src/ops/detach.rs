@@ -1,6 +1,7 @@
 //! `sparse-volume detach U`: the unit's ExecStop. Works without the
 //! registry, so a volume can be torn down after its configuration is gone.
 
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -57,17 +58,12 @@ pub fn detach(root: &SystemRoot, id: &VolumeId) -> Result<DetachReport> {
 /// Where the backing file may be: the registry's path if the entry still
 /// reads, and the default file name in every storage root.
 fn candidate_backing_files(root: &SystemRoot, id: &VolumeId) -> Vec<PathBuf> {
-    let registry = Registry::open(root.clone());
+    let registry = Registry::open(root.clone()).ok();
     let config = registry
         .as_ref()
-        .map(|r| r.config().clone())
-        .unwrap_or_else(|_| Config::default());
+        .map_or_else(Config::default, |r| r.config().clone());
     let mut paths = Vec::new();
-    if let Ok(Some(volume)) = registry
-        .as_ref()
-        .map_err(|_| ())
-        .and_then(|r| r.get(id).map_err(|_| ()))
-    {
+    if let Some(volume) = registry.as_ref().and_then(|r| r.get(id).ok().flatten()) {
         paths.push(root.host_path(&volume.path));
     }
     for storage_root in &config.storage_roots {
@@ -83,7 +79,6 @@ pub fn find_devices(root: &SystemRoot, id: &VolumeId) -> Result<(Vec<u32>, &'sta
     let mut by_file = Vec::new();
     for path in candidate_backing_files(root, id) {
         if let Ok(meta) = std::fs::metadata(&path) {
-            use std::os::unix::fs::MetadataExt;
             by_file.extend(
                 statuses
                     .iter()
