@@ -131,9 +131,21 @@ vm_image_build() {
             return 1
         fi
         vm_log "image: built in $(vm__since "$start"), $dir"
+        vm__prune_images "$hash"
     fi
     exec {lock_fd}>&-
     vm__use_image "$dir"
+}
+
+# Images of older recipes are never booted again; at ~0.5 GB each they
+# would pile up on a machine that keeps its cache. Called under the lock.
+vm__prune_images() {
+    local keep=$1 old
+    for old in "$SV_VM_CACHE"/*; do
+        [[ -d $old && ${old##*/} =~ ^[0-9a-f]{16}$ && ${old##*/} != "$keep" ]] || continue
+        vm_log "image: removing the outdated image $old"
+        rm -rf --one-file-system -- "$old"
+    done
 }
 
 # Removes a directory tree that a killed mmdebstrap may have left with
