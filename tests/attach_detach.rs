@@ -164,10 +164,14 @@ fn detach_finds_the_device_by_reference_when_the_file_is_gone() {
     let detached = fx.run_ok(&["detach", &uuid, "--json"]).json();
     assert_eq!(detached["found_by"], "reference");
     assert_eq!(detached["devices"][0], device.as_str());
-    let status = tool("losetup", &["--list", "--noheadings", "-O", "NAME"]);
+    // By backing file, not by number: other tests may reuse the number at once.
+    let status = tool(
+        "losetup",
+        &["--list", "--noheadings", "-O", "NAME,BACK-FILE"],
+    );
     assert!(
-        !status.lines().any(|l| l.trim() == device),
-        "{device} still bound"
+        !status.contains(&uuid),
+        "the deleted backing file is still attached: {status}"
     );
 }
 
