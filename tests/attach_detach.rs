@@ -8,6 +8,16 @@ use std::sync::Arc;
 
 use common::{loops_of, new_uuid, sysfs_flag, tool, Fixture};
 
+/// A registered ext4 volume, attached: (uuid, backing file, device).
+fn attached_ext4(fx: &Fixture) -> (String, std::path::PathBuf, String) {
+    let uuid = new_uuid();
+    let file = fx.make_ext4(&uuid);
+    fx.register(&uuid, "filesystem", "");
+    let attached = fx.run_ok(&["attach", &uuid, "--json"]).json();
+    let device = attached["device"].as_str().unwrap().to_string();
+    (uuid, file, device)
+}
+
 #[test]
 fn filesystem_volume_attaches_once_and_detaches() {
     let fx = Fixture::new();
@@ -149,13 +159,7 @@ fn block_volume_scans_partitions_and_detaches_without_registry() {
 #[test]
 fn detach_finds_the_device_by_reference_when_the_file_is_gone() {
     let fx = Fixture::new();
-    let uuid = new_uuid();
-    let file = fx.make_ext4(&uuid);
-    fx.register(&uuid, "filesystem", "");
-    let device = fx.run_ok(&["attach", &uuid, "--json"]).json()["device"]
-        .as_str()
-        .unwrap()
-        .to_string();
+    let (uuid, file, device) = attached_ext4(&fx);
 
     // Registry entry and backing file both gone (the inode lives on while
     // the loop device holds it).
@@ -284,13 +288,7 @@ fn attach_refuses_content_with_another_uuid() {
 #[test]
 fn detach_refuses_a_mounted_device_and_then_succeeds() {
     let fx = Fixture::new();
-    let uuid = new_uuid();
-    let file = fx.make_ext4(&uuid);
-    fx.register(&uuid, "filesystem", "");
-    let device = fx.run_ok(&["attach", &uuid, "--json"]).json()["device"]
-        .as_str()
-        .unwrap()
-        .to_string();
+    let (uuid, file, device) = attached_ext4(&fx);
     let mountpoint = fx.host("/mnt");
     fs::create_dir_all(&mountpoint).unwrap();
     tool("mount", &[&device, mountpoint.to_str().unwrap()]);
@@ -313,13 +311,7 @@ fn detach_refuses_a_mounted_device_and_then_succeeds() {
 #[test]
 fn detach_reports_a_device_the_kernel_releases_later() {
     let fx = Fixture::new();
-    let uuid = new_uuid();
-    let file = fx.make_ext4(&uuid);
-    fx.register(&uuid, "filesystem", "");
-    let device = fx.run_ok(&["attach", &uuid, "--json"]).json()["device"]
-        .as_str()
-        .unwrap()
-        .to_string();
+    let (uuid, file, device) = attached_ext4(&fx);
 
     let holder = fs::File::open(&device).unwrap();
     let deferred = fx.run(&["detach", &uuid]);
