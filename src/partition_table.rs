@@ -133,27 +133,32 @@ pub fn grow_to_end(file: &File, volume: Uuid) -> Result<PartitionExtent> {
     })
 }
 
-/// Partition 1 of the table in `file`, if it carries `volume`.
-pub fn volume_partition(file: &File, volume: Uuid) -> Option<PartitionExtent> {
-    let disk = gpt::GptConfig::new()
+/// The GPT in `file` (a backing file or a loop device), read only.
+pub fn read(file: &File) -> Option<gpt::GptDisk<&File>> {
+    gpt::GptConfig::new()
         .writable(false)
         .logical_block_size(LogicalBlockSize::Lb512)
         .open_from_device(file)
-        .ok()?;
-    let partition = disk
-        .partitions()
-        .get(&1)
-        .filter(|p| p.part_guid == volume)?;
-    Some(PartitionExtent {
-        first_sector: partition.first_lba,
-        last_sector: partition.last_lba,
-    })
+        .ok()
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use std::process::Command;
+
+    /// Partition 1 of the table in `file`, if it carries `volume`.
+    fn volume_partition(file: &File, volume: Uuid) -> Option<PartitionExtent> {
+        let disk = read(file)?;
+        let partition = disk
+            .partitions()
+            .get(&1)
+            .filter(|p| p.part_guid == volume)?;
+        Some(PartitionExtent {
+            first_sector: partition.first_lba,
+            last_sector: partition.last_lba,
+        })
+    }
 
     fn sgdisk(args: &[&str], file: &std::path::Path) -> String {
         let output = Command::new("sgdisk")

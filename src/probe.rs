@@ -6,9 +6,9 @@ use std::fs::File;
 use std::os::unix::fs::FileExt;
 
 use anyhow::{Context, Result};
-use gpt::disk::LogicalBlockSize;
 use uuid::Uuid;
 
+use crate::partition_table;
 use crate::registry::{FsType, Mode};
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -114,11 +114,7 @@ fn uuid_at(buffer: &[u8], offset: usize) -> Uuid {
 /// GPT headers store GUIDs in mixed-endian form; the `gpt` crate decodes
 /// them into the same `Uuid` that udev prints in `by-partuuid`.
 fn probe_gpt(file: &File) -> Option<Content> {
-    let disk = gpt::GptConfig::new()
-        .writable(false)
-        .logical_block_size(LogicalBlockSize::Lb512)
-        .open_from_device(file)
-        .ok()?;
+    let disk = partition_table::read(file)?;
     let partitions = disk
         .partitions()
         .iter()
