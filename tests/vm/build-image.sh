@@ -25,16 +25,9 @@ readonly SOURCES_FILE=/etc/apt/sources.list.d/debian.sources
 HERE=$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")" && pwd)
 readonly HERE
 
-# Removes DIR even if a killed or failed mmdebstrap left /proc, /sys or
-# /dev nodes mounted inside: unmounts those first, never crosses into
-# another file system.
-remove_tree() {
-    local dir=$1 mnt
-    [[ -e $dir ]] || return 0
-    awk -v d="$dir/" 'index($5, d) == 1 { print $5 }' /proc/self/mountinfo |
-        sort -r | while read -r mnt; do umount -l -- "$mnt" || true; done
-    rm -rf --one-file-system -- "$dir"
-}
+# vm__remove_tree: the harness's safe removal of a bootstrap tree.
+# shellcheck source=tests/vm/lib.sh
+. "$HERE/lib.sh"
 
 log() { printf '%s build-image: %s\n' "$(date +%T)" "$*" >&2; }
 die() { log "ERROR: $*"; exit 1; }
@@ -194,7 +187,7 @@ main() {
     check_tools
     mkdir "$work"
     WORK=$work
-    trap 'remove_tree "$WORK"' EXIT
+    trap 'vm__remove_tree "$WORK"' EXIT
     trap 'exit 130' INT
     trap 'exit 143' TERM
 
