@@ -15,6 +15,7 @@ use nix::sys::statvfs::statvfs;
 use serde::Serialize;
 
 use crate::registry::{Config, Registry, Reserve, Volume};
+use crate::paths::CONFIG_FILE;
 use crate::size::format_size;
 use crate::volume_id::VolumeId;
 
@@ -28,6 +29,7 @@ pub struct Capacity {
     pub reserve: u64,
     /// `free * overcommit_ratio - reserve`.
     pub promisable: u64,
+    pub overcommit_ratio: f64,
 }
 
 impl Capacity {
@@ -88,7 +90,8 @@ pub fn measure(
         }
     }
 
-    let config = registry.config();
+    // A broken config.toml must not silently mean "no reserve".
+    let config = registry.provisioning_config()?;
     let reserve = reserve_bytes(config, total);
     let promisable = ((free as f64) * config.overcommit_ratio) as u64;
     Ok(Capacity {
@@ -97,6 +100,7 @@ pub fn measure(
         committed,
         reserve,
         promisable: promisable.saturating_sub(reserve),
+        overcommit_ratio: config.overcommit_ratio,
     })
 }
 
@@ -113,11 +117,13 @@ pub fn ensure_fits(capacity: &Capacity, request: u64, directory: &Path) -> Resul
         return Ok(());
     }
     bail!(
-        "not enough space on the file system of {}: asked for {}, {} already committed to other volumes, {} free ({} reserved for the host)",
+        "not enough space on the file system of {}: asked for {}, {} already committed to other volumes, {} free ({} reserved for the host); to allow more, raise overcommit_ratio (now {}) or lower reserve in {}",
         directory.display(),
         format_size(request),
         format_size(capacity.committed),
         format_size(capacity.free),
         format_size(capacity.reserve),
+        capacity.overcommit_ratio,
+        CONFIG_FILE,
     )
 }

@@ -4,6 +4,7 @@ pub mod backing;
 pub mod capacity;
 pub mod cli;
 pub mod crashpoint;
+pub mod creating_mark;
 pub mod fsutil;
 pub mod inuse;
 pub mod logging;

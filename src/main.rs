@@ -7,6 +7,8 @@ use sparse_volume::logging;
 use sparse_volume::ops::{attach, check, create, detach, register, remove, resize, Report};
 use sparse_volume::ops::{enable, list, start, status};
 use sparse_volume::paths::SystemRoot;
+use sparse_volume::registry::Registry;
+use sparse_volume::volume_id::VolumeId;
 
 fn main() -> ExitCode {
     // clap exits with status 2 on usage errors, as the contract asks.
@@ -17,6 +19,15 @@ fn main() -> ExitCode {
         json: cli.json,
         uuid: cli.command.uuid().map(ToString::to_string),
     };
+    if needs_root(&cli.command) && !running_as_root() {
+        return out.fail(
+            "this command needs root (it changes loop devices, backing files or the registry); run it with sudo",
+            ExitCode::FAILURE,
+        );
+    }
+    for warning in registry_warnings(&root, cli.command.uuid()) {
+        eprintln!("sparse-volume: warning: {warning}");
+    }
 
     match &cli.command {
         Command::Create(args) => match create_request(args) {
@@ -80,6 +91,37 @@ fn main() -> ExitCode {
             &format!("reading the status of {uuid}"),
         ),
     }
+}
+
+/// Everything but the read-only reports changes state that only root may
+/// change; saying so up front beats "Permission denied" on a lock file.
+fn needs_root(command: &Command) -> bool {
+    !matches!(
+        command,
+        Command::List | Command::Status { .. } | Command::Check { repair: false }
+    )
+}
+
+fn running_as_root() -> bool {
+    nix::unistd::geteuid().is_root()
+}
+
+/// What the registry ignored or could not use, on every command: a typo
+/// in a key should be seen long before it matters.
+fn registry_warnings(root: &SystemRoot, id: Option<&VolumeId>) -> Vec<String> {
+    let registry = Registry::open(root.clone());
+    let mut warnings: Vec<String> = registry
+        .config_warnings()
+        .iter()
+        .map(ToString::to_string)
+        .collect();
+    if let Some(problem) = registry.config_problem() {
+        warnings.push(format!("{problem}; using built-in defaults"));
+    }
+    if let Some(entry) = id.and_then(|id| registry.entry(id)) {
+        warnings.extend(entry.warnings.iter().map(ToString::to_string));
+    }
+    warnings
 }
 
 fn create_request(args: &CreateArgs) -> Result<create::CreateRequest, String> {

@@ -22,9 +22,16 @@ impl VolumeId {
     /// The reference stored in the loop device's `lo_file_name`, so that a
     /// volume's device can be found even when its backing file is gone.
     pub fn loop_reference(&self) -> String {
-        format!("sparse-volume:{}", self.0.hyphenated())
+        format!("{LOOP_REFERENCE_PREFIX}{}", self.0.hyphenated())
+    }
+
+    /// The volume a loop device's reference names, if it is one of ours.
+    pub fn from_loop_reference(reference: &str) -> Option<Self> {
+        reference.strip_prefix(LOOP_REFERENCE_PREFIX)?.parse().ok()
     }
 }
+
+const LOOP_REFERENCE_PREFIX: &str = "sparse-volume:";
 
 impl FromStr for VolumeId {
     type Err = String;

@@ -59,9 +59,13 @@ impl Report for AttachReport {
 }
 
 pub fn attach(root: &SystemRoot, id: &VolumeId) -> Result<AttachReport> {
-    let registry = Registry::open(root.clone())?;
-    let volume = registry.require(id)?;
+    let registry = Registry::open(root.clone());
+    // The entry is read under the volume lock: a remove holds that lock
+    // from its detach until the entry is gone, so an attach waiting here
+    // then finds the volume unregistered instead of binding a file that
+    // is about to be deleted.
     let _lock = Registry::volume_lock(root, id)?;
+    let volume = registry.require(id)?;
 
     let path = root.host_path(&volume.path);
     let backing = open_backing_file(&path, volume.read_only)?;

@@ -13,20 +13,23 @@ use serde::Serialize;
 use super::Report;
 
 use super::activate::bring_up_now;
-use super::create::{clear_creating_mark, has_creating_mark, CREATING_SUFFIX};
 use super::detach::detach_device;
 use crate::backing::open_backing_file;
 use crate::capacity;
+use crate::creating_mark::{clear_creating_mark, has_creating_mark, is_creating_name};
 use crate::inuse::users_of_loop;
 use crate::loopdev::{self, LoopDevice};
 use crate::paths::SystemRoot;
 use crate::probe::{expected_content, identifies, probe};
 use crate::registry::{Registry, Volume};
 use crate::size::format_size;
+use crate::volume_id::VolumeId;
 
 #[derive(Debug, Serialize)]
 pub struct Finding {
     pub kind: &'static str,
+    /// `error`, or `warning` for what needs a look but keeps `clean`.
+    pub severity: &'static str,
     pub uuid: Option<String>,
     pub path: Option<PathBuf>,
     pub message: String,
@@ -81,7 +84,19 @@ impl Audit<'_> {
     ) {
         self.findings.push(Finding {
             kind,
+            severity: "error",
             uuid: volume.map(|v| v.id.to_string()),
+            path: path.map(Path::to_path_buf),
+            message,
+            repaired: false,
+        });
+    }
+
+    fn warn(&mut self, kind: &'static str, path: Option<&Path>, message: String) {
+        self.findings.push(Finding {
+            kind,
+            severity: "warning",
+            uuid: None,
             path: path.map(Path::to_path_buf),
             message,
             repaired: false,
@@ -99,6 +114,7 @@ impl Audit<'_> {
     ) {
         let mut finding = Finding {
             kind,
+            severity: "error",
             uuid: volume.map(|v| v.id.to_string()),
             path: path.map(Path::to_path_buf),
             message,
@@ -117,16 +133,47 @@ impl Audit<'_> {
 }
 
 pub fn check(root: &SystemRoot, repair: bool) -> Result<CheckReport> {
-    let registry = Registry::open(root.clone())?;
-    let _lock = registry.lock()?;
+    let registry = Registry::open(root.clone());
+    // A read-only audit by a user who cannot take the lock is a snapshot
+    // that may catch a create in flight; a repair always holds it.
+    let _lock = match registry.lock() {
+        Ok(lock) => Some(lock),
+        Err(e) if !repair && !nix::unistd::geteuid().is_root() => {
+            tracing::debug!("auditing without the registry lock: {e:#}");
+            None
+        }
+        Err(e) => return Err(e),
+    };
     let mut audit = Audit {
         root,
         repair,
         findings: Vec::new(),
     };
 
+    if let Some(problem) = registry.config_problem() {
+        audit.report(
+            "invalid-config",
+            None,
+            Some(&problem.file),
+            format!("{problem}; registered volumes still attach, with built-in defaults for the rest"),
+        );
+    }
+    for warning in registry.config_warnings() {
+        audit.warn("unknown-key", Some(&warning.file), warning.to_string());
+    }
+
     let mut volumes = Vec::new();
+    // Files any registry file names, valid or not: never leftovers.
+    let mut owned = HashSet::new();
     for entry in registry.entries()? {
+        for warning in &entry.warnings {
+            audit.warn("unknown-key", Some(&entry.file), warning.to_string());
+        }
+        if let Some(named) = &entry.named_path {
+            if let Ok(meta) = fs::metadata(root.host_path(named)) {
+                owned.insert((meta.dev(), meta.ino()));
+            }
+        }
         match entry.volume {
             Ok(volume) => volumes.push(volume),
             Err(error) => audit.report(
@@ -139,16 +186,16 @@ pub fn check(root: &SystemRoot, repair: bool) -> Result<CheckReport> {
     }
     registry_temporaries(&mut audit);
 
-    let mut owned = HashSet::new();
     for volume in &volumes {
-        if let Some(identity) = audit_volume(&mut audit, volume)? {
-            owned.insert(identity);
-        }
+        audit_volume(&mut audit, volume)?;
     }
     storage_root_leftovers(&mut audit, &registry, &owned)?;
     overcommitment(&mut audit, &registry, &volumes)?;
 
-    let clean = audit.findings.iter().all(|f| f.repaired);
+    let clean = audit
+        .findings
+        .iter()
+        .all(|f| f.repaired || f.severity == "warning");
     Ok(CheckReport {
         changed: audit.findings.iter().any(|f| f.repaired),
         clean,
@@ -177,23 +224,31 @@ fn registry_temporaries(audit: &mut Audit) {
     }
 }
 
-/// Checks one volume; returns its backing file's (device, inode).
-fn audit_volume(audit: &mut Audit, volume: &Volume) -> Result<Option<(u64, u64)>> {
+/// Checks one volume against its file and devices.
+fn audit_volume(audit: &mut Audit, volume: &Volume) -> Result<()> {
     let path = audit.root.host_path(&volume.path);
     let meta = match fs::symlink_metadata(&path) {
         Ok(meta) => meta,
         Err(_) => {
+            let still_held = devices_by_reference(&volume.id)?;
+            let hint = match still_held.first() {
+                Some(number) => format!(
+                    "; /dev/loop{number} still holds its data: {}",
+                    recovery_hint(*number)
+                ),
+                None => String::new(),
+            };
             audit.report(
                 "missing-backing-file",
                 Some(volume),
                 Some(&path),
                 format!(
-                    "{}: backing file {} does not exist",
+                    "{}: backing file {} does not exist{hint}",
                     volume.id,
                     path.display()
                 ),
             );
-            return Ok(None);
+            return Ok(());
         }
     };
     let file = match open_backing_file(&path, true) {
@@ -205,7 +260,7 @@ fn audit_volume(audit: &mut Audit, volume: &Volume) -> Result<Option<(u64, u64)>
                 Some(&path),
                 format!("{}: {e:#}", volume.id),
             );
-            return Ok(Some((meta.dev(), meta.ino())));
+            return Ok(());
         }
     };
     if meta.len() != volume.size {
@@ -252,7 +307,7 @@ fn audit_volume(audit: &mut Audit, volume: &Volume) -> Result<Option<(u64, u64)>
                 expected_content(&volume.mode, volume.id.uuid())
             ),
         );
-        return Ok(Some((meta.dev(), meta.ino())));
+        return Ok(());
     }
 
     let devices = loopdev::devices_backed_by(&path)?;
@@ -268,6 +323,7 @@ fn audit_volume(audit: &mut Audit, volume: &Volume) -> Result<Option<(u64, u64)>
             .iter()
             .map(|&n| LoopDevice::path_of(n).display().to_string())
             .collect();
+        let root = audit.root.clone();
         audit.repairable(
             "duplicate-loop-devices",
             Some(volume),
@@ -277,7 +333,11 @@ fn audit_volume(audit: &mut Audit, volume: &Volume) -> Result<Option<(u64, u64)>
                 volume.id,
                 names.join(", ")
             ),
-            || extra.iter().try_for_each(|&n| detach_device(n)),
+            || {
+                // Keeps a concurrent attach of this volume away.
+                let _lock = Registry::volume_lock(&root, &volume.id)?;
+                extra.iter().try_for_each(|&n| detach_device(n))
+            },
         );
     } else if devices.is_empty() && volume.enabled {
         let root = audit.root.clone();
@@ -286,10 +346,28 @@ fn audit_volume(audit: &mut Audit, volume: &Volume) -> Result<Option<(u64, u64)>
             Some(volume),
             Some(&path),
             format!("{}: enabled but not attached", volume.id),
-            || bring_up_now(&root, &volume.id).map(drop),
+            || bring_up_now(&root, &volume.id, false).map(drop),
         );
     }
-    Ok(Some((meta.dev(), meta.ino())))
+    Ok(())
+}
+
+/// Bound devices whose `lo_file_name` names this volume.
+fn devices_by_reference(id: &VolumeId) -> Result<Vec<u32>> {
+    let reference = id.loop_reference();
+    Ok(loopdev::bound_statuses()?
+        .into_iter()
+        .filter(|(_, status)| status.reference == reference)
+        .map(|(number, _)| number)
+        .collect())
+}
+
+/// How to keep the data of a device whose backing file was deleted: the
+/// device is then its only copy, and detaching it destroys it.
+fn recovery_hint(number: u32) -> String {
+    format!(
+        "copy it to a new file before anything detaches it (`dd if=/dev/loop{number} of=<storage root>/<file> bs=1M conv=sparse`), then `sparse-volume register` that file"
+    )
 }
 
 /// Interrupted creates, and loop devices on storage-root files no volume owns.
@@ -314,9 +392,7 @@ fn storage_root_leftovers(
             if !meta.is_file() || owned.contains(&(meta.dev(), meta.ino())) {
                 continue;
             }
-            if (name.starts_with('.') && name.ends_with(CREATING_SUFFIX))
-                || has_creating_mark(&path)
-            {
+            if is_creating_name(&name) || has_creating_mark(&path) {
                 audit.repairable(
                     "interrupted-create",
                     None,
@@ -341,12 +417,33 @@ fn storage_root_leftovers(
         if owned.contains(&(status.backing_dev, status.backing_inode)) {
             continue;
         }
-        let backing = fs::read_to_string(format!("/sys/block/loop{number}/loop/backing_file"))
+        let shown = fs::read_to_string(format!("/sys/block/loop{number}/loop/backing_file"))
             .unwrap_or_default();
-        let backing = PathBuf::from(backing.trim_end().trim_end_matches(" (deleted)"));
+        let shown = shown.trim_end();
+        let backing = PathBuf::from(shown.trim_end_matches(" (deleted)"));
         if !roots.iter().any(|root| backing.starts_with(root)) {
             continue;
         }
+        let deleted = shown.ends_with(" (deleted)")
+            || fs::metadata(&backing)
+                .map(|m| (m.dev(), m.ino()) != (status.backing_dev, status.backing_inode))
+                .unwrap_or(true);
+        if deleted {
+            // Never repaired: detaching would destroy the last copy.
+            audit.report(
+                "deleted-backing-file",
+                None,
+                Some(&backing),
+                format!(
+                    "/dev/loop{number} attaches {}, which was deleted; {}",
+                    backing.display(),
+                    recovery_hint(number)
+                ),
+            );
+            continue;
+        }
+        let root = audit.root.clone();
+        let volume_id = VolumeId::from_loop_reference(&status.reference);
         audit.repairable(
             "unowned-loop-device",
             None,
@@ -355,7 +452,12 @@ fn storage_root_leftovers(
                 "/dev/loop{number} attaches {}, which no volume owns",
                 backing.display()
             ),
-            || detach_device(number),
+            || {
+                let _lock = volume_id
+                    .map(|id| Registry::volume_lock(&root, &id))
+                    .transpose()?;
+                detach_device(number)
+            },
         );
     }
     Ok(())
@@ -364,6 +466,10 @@ fn storage_root_leftovers(
 /// What the volumes on each file system may still grow into, against
 /// what that file system can give.
 fn overcommitment(audit: &mut Audit, registry: &Registry, volumes: &[Volume]) -> Result<()> {
+    if registry.config_problem().is_some() {
+        // Reported above; without the settings there is nothing to weigh.
+        return Ok(());
+    }
     let mut seen = HashSet::new();
     for volume in volumes {
         let path = audit.root.host_path(&volume.path);

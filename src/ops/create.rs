@@ -119,7 +119,7 @@ pub fn create(root: &SystemRoot, request: &CreateRequest) -> Result<CreateReport
     let mut report = create_registered(root, request)?;
     if request.now {
         let id: VolumeId = report.uuid.parse().map_err(anyhow::Error::msg)?;
-        let activation = bring_up_now(root, &id)?;
+        let activation = bring_up_now(root, &id, true)?;
         report.changed |= activation.changed;
         report.device = activation.device;
         report.note = Some(activation.how);
@@ -133,7 +133,7 @@ fn create_registered(root: &SystemRoot, request: &CreateRequest) -> Result<Creat
         bail!("the size must be greater than zero");
     }
     let size = request.size.div_ceil(MIB) * MIB;
-    let registry = Registry::open(root.clone())?;
+    let registry = Registry::open(root.clone());
     let id = request
         .uuid
         .unwrap_or_else(|| VolumeId::new(uuid::Uuid::new_v4()));
@@ -152,6 +152,7 @@ fn create_registered(root: &SystemRoot, request: &CreateRequest) -> Result<Creat
         direct_io: registry.config().direct_io,
         preallocated: request.preallocate,
         name: request.name.clone(),
+        sector_size: crate::registry::DEFAULT_SECTOR_SIZE,
     };
     let report = |changed: bool, volume: &Volume, note: Option<String>| CreateReport {
         changed,

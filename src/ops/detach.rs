@@ -14,7 +14,7 @@ use super::Report;
 use crate::inuse::users_of_loop;
 use crate::loopdev::{self, sys::LO_FLAGS_AUTOCLEAR, LoopDevice, LoopStatus};
 use crate::paths::SystemRoot;
-use crate::registry::{Config, Registry};
+use crate::registry::Registry;
 use crate::volume_id::VolumeId;
 
 #[derive(Debug, Serialize)]
@@ -43,6 +43,11 @@ impl Report for DetachReport {
 
 pub fn detach(root: &SystemRoot, id: &VolumeId) -> Result<DetachReport> {
     let _lock = Registry::volume_lock(root, id)?;
+    detach_locked(root, id)
+}
+
+/// [`detach`] for a caller that holds the volume lock already.
+pub fn detach_locked(root: &SystemRoot, id: &VolumeId) -> Result<DetachReport> {
     let (numbers, found_by) = find_devices(root, id)?;
     for &number in &numbers {
         detach_device(number)?;
@@ -58,15 +63,12 @@ pub fn detach(root: &SystemRoot, id: &VolumeId) -> Result<DetachReport> {
 /// Where the backing file may be: the registry's path if the entry still
 /// reads, and the default file name in every storage root.
 fn candidate_backing_files(root: &SystemRoot, id: &VolumeId) -> Vec<PathBuf> {
-    let registry = Registry::open(root.clone()).ok();
-    let config = registry
-        .as_ref()
-        .map_or_else(Config::default, |r| r.config().clone());
+    let registry = Registry::open(root.clone());
     let mut paths = Vec::new();
-    if let Some(volume) = registry.as_ref().and_then(|r| r.get(id).ok().flatten()) {
+    if let Ok(Some(volume)) = registry.get(id) {
         paths.push(root.host_path(&volume.path));
     }
-    for storage_root in &config.storage_roots {
+    for storage_root in &registry.config().storage_roots {
         paths.push(root.host_path(storage_root.join(id.to_string())));
     }
     paths

@@ -5,7 +5,7 @@
 use anyhow::{Context, Result};
 use serde::Serialize;
 
-use super::start::{bring_down, bring_up, UnitOutcome};
+use super::activate::{refuse_if_in_use, start_attached, stop_detached, UnitOutcome};
 use super::Report;
 use crate::paths::{SystemRoot, VOLUMES_TARGET};
 use crate::registry::Registry;
@@ -54,12 +54,16 @@ pub fn disable(root: &SystemRoot, id: &VolumeId, now: bool) -> Result<EnableRepo
 }
 
 fn set_enabled(root: &SystemRoot, id: &VolumeId, enabled: bool, now: bool) -> Result<EnableReport> {
-    let registry = Registry::open(root.clone())?;
+    let registry = Registry::open(root.clone());
     // Check what can fail before changing anything: an unknown volume, or
     // no systemd to tell about the change.
     registry.require(id)?;
     let systemd = Systemd::connect()?;
     let unit = unit_name(id);
+    if now && !enabled {
+        // Not half a change: a mounted volume keeps its flag too.
+        refuse_if_in_use(root, id)?;
+    }
 
     let flag_changed = {
         let _lock = registry.lock()?;
@@ -85,12 +89,17 @@ fn set_enabled(root: &SystemRoot, id: &VolumeId, enabled: bool, now: bool) -> Re
         })?;
     }
 
-    let outcome: Option<UnitOutcome> = match (now, enabled) {
-        (false, _) => None,
-        (true, true) => Some(bring_up(&systemd, &unit)?),
-        (true, false) => Some(bring_down(&systemd, &unit)?),
+    let (outcome, unit_changed): (Option<UnitOutcome>, bool) = match (now, enabled) {
+        (false, _) => (None, false),
+        (true, true) => {
+            let activation = start_attached(root, &systemd, id)?;
+            (activation.unit, activation.changed)
+        }
+        (true, false) => {
+            let deactivation = stop_detached(root, Some(&systemd), id)?;
+            (deactivation.unit, deactivation.changed)
+        }
     };
-    let unit_changed = outcome.as_ref().is_some_and(|o| o.changed);
     let (job_result, active_state, sub_state) = match outcome {
         Some(o) => (
             o.job_result,

@@ -43,7 +43,7 @@ impl From<&RegistryError> for RegistryErrorRow {
 }
 
 pub fn list(root: &SystemRoot) -> Result<ListReport> {
-    let registry = Registry::open(root.clone())?;
+    let registry = Registry::open(root.clone());
     let entries = registry.entries()?;
     let (mut systemd, mut systemd_error) = connect_for_reading(!entries.is_empty());
     let mut volumes = Vec::new();

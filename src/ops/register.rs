@@ -52,7 +52,7 @@ impl Report for RegisterReport {
 }
 
 pub fn register(root: &SystemRoot, request: &RegisterRequest) -> Result<RegisterReport> {
-    let registry = Registry::open(root.clone())?;
+    let registry = Registry::open(root.clone());
     check_path(&request.path, registry.config()).map_err(anyhow::Error::msg)?;
     let id = request.uuid;
     let report = |changed, volume: &Volume| RegisterReport {
@@ -100,6 +100,7 @@ pub fn register(root: &SystemRoot, request: &RegisterRequest) -> Result<Register
         direct_io: registry.config().direct_io,
         preallocated: false,
         name: request.name.clone(),
+        sector_size: crate::registry::DEFAULT_SECTOR_SIZE,
     };
     registry.put(&volume)?;
     Ok(report(true, &volume))

@@ -4,18 +4,24 @@
 //! (which `check` reports and a repeated remove finishes), never an
 //! unowned file nobody would delete.
 
-use std::path::PathBuf;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
 
-use anyhow::{Context, Result};
+use anyhow::{bail, Context, Result};
 use serde::Serialize;
 
 use super::Report;
 
 use super::activate::{bring_down_now, reload_if_reachable};
+use super::detach::detach_locked;
+use crate::backing::open_backing_file;
 use crate::crashpoint;
+use crate::creating_mark::clear_creating_mark;
 use crate::fsutil::sync_dir;
+use crate::loopdev::devices_backed_by;
 use crate::paths::SystemRoot;
-use crate::registry::Registry;
+use crate::probe::{expected_content, identifies, probe};
+use crate::registry::{Registry, Volume};
 use crate::volume_id::VolumeId;
 
 #[derive(Debug, Serialize)]
@@ -42,7 +48,7 @@ impl Report for RemoveReport {
 }
 
 pub fn remove(root: &SystemRoot, id: &VolumeId, delete_data: bool) -> Result<RemoveReport> {
-    let registry = Registry::open(root.clone())?;
+    let registry = Registry::open(root.clone());
     let _lock = registry.lock()?;
     let Some(volume) = registry.get(id)? else {
         return Ok(RemoveReport {
@@ -53,9 +59,16 @@ pub fn remove(root: &SystemRoot, id: &VolumeId, delete_data: bool) -> Result<Rem
             path: None,
         });
     };
-    // Refuses (and changes nothing) while the volume is mounted.
-    let detached = bring_down_now(root, id)?;
+    // Refuses (and changes nothing) while the volume is mounted. The
+    // unit's ExecStop takes the volume lock itself, so it is not held yet.
+    let mut detached = bring_down_now(root, id)?.detached;
     crashpoint::here("remove:after-detach");
+
+    // Held until the entry is gone: attach reads the registry again under
+    // this lock, so a start racing with us either finishes before (and is
+    // detached below) or finds the volume unregistered.
+    let _volume_lock = Registry::volume_lock(root, id)?;
+    detached.extend(detach_locked(root, id)?.devices);
 
     let host_path = root.host_path(&volume.path);
     let directory = host_path
@@ -63,12 +76,11 @@ pub fn remove(root: &SystemRoot, id: &VolumeId, delete_data: bool) -> Result<Rem
         .context("the backing file has no directory")?;
     let mut data_deleted = false;
     if delete_data {
-        match std::fs::remove_file(&host_path) {
-            Ok(()) => data_deleted = true,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(e) => return Err(e).with_context(|| format!("deleting {}", host_path.display())),
-        }
+        data_deleted = delete_backing_file(&volume, &host_path)?;
         sync_dir(directory)?;
+    } else if host_path.exists() {
+        // Kept on purpose: it must never look like an interrupted create.
+        clear_creating_mark(&host_path)?;
     }
     crashpoint::here("remove:before-registry");
 
@@ -84,4 +96,45 @@ pub fn remove(root: &SystemRoot, id: &VolumeId, delete_data: bool) -> Result<Rem
         data_deleted,
         path: Some(volume.path),
     })
+}
+
+/// Deletes the backing file only if it is this volume's (its content
+/// carries the volume UUID) and nothing has it attached; a hand-edited
+/// entry pointing at another volume's file must not delete that volume.
+/// Returns false when there was no file.
+fn delete_backing_file(volume: &Volume, host_path: &Path) -> Result<bool> {
+    let file = match open_backing_file(host_path, true) {
+        Ok(file) => file,
+        Err(_) if !host_path.exists() => return Ok(false),
+        Err(e) => return Err(e.context("not deleting the backing file")),
+    };
+    let content = probe(&file).with_context(|| format!("reading {}", host_path.display()))?;
+    if !identifies(&content, &volume.mode, volume.id.uuid()) {
+        bail!(
+            "not deleting {}: it holds {}, not {}; the volume stays registered",
+            host_path.display(),
+            content.describe(),
+            expected_content(&volume.mode, volume.id.uuid())
+        );
+    }
+    let devices = devices_backed_by(host_path)?;
+    if let Some(number) = devices.first() {
+        bail!(
+            "not deleting {}: /dev/loop{number} still attaches it",
+            host_path.display()
+        );
+    }
+    // The name must still be the file we verified.
+    let opened = file.metadata().context("inspecting the backing file")?;
+    let current = std::fs::symlink_metadata(host_path)
+        .with_context(|| format!("inspecting {}", host_path.display()))?;
+    if (opened.dev(), opened.ino()) != (current.dev(), current.ino()) {
+        bail!(
+            "not deleting {}: it was replaced while being checked",
+            host_path.display()
+        );
+    }
+    std::fs::remove_file(host_path)
+        .with_context(|| format!("deleting {}", host_path.display()))?;
+    Ok(true)
 }

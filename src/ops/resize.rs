@@ -56,7 +56,7 @@ impl Report for ResizeReport {
 
 pub fn resize(root: &SystemRoot, id: &VolumeId, requested: u64) -> Result<ResizeReport> {
     let size = requested.div_ceil(MIB) * MIB;
-    let registry = Registry::open(root.clone())?;
+    let registry = Registry::open(root.clone());
     let _lock = registry.lock()?;
     let mut volume = registry.require(id)?;
     let old_size = volume.size;

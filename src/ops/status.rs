@@ -22,7 +22,7 @@ pub struct StatusReport {
 }
 
 pub fn status(root: &SystemRoot, id: &VolumeId) -> Result<StatusReport> {
-    let registry = Registry::open(root.clone())?;
+    let registry = Registry::open(root.clone());
     let volume = registry.require(id)?;
     let (systemd, systemd_error) = connect_for_reading(true);
     Ok(StatusReport {

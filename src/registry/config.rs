@@ -7,6 +7,7 @@ use serde::Deserialize;
 use toml::Spanned;
 
 use super::error::RegistryError;
+use super::lenient::{from_toml, RegistryWarning};
 use crate::paths::{is_normal_absolute, DEFAULT_STORAGE_ROOT};
 use crate::size::parse_size;
 
@@ -40,8 +41,8 @@ impl Default for Config {
     }
 }
 
+/// Unknown keys are warnings (see `lenient`), so no `deny_unknown_fields`.
 #[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
 struct ConfigFile {
     storage_roots: Option<Spanned<Vec<String>>>,
     overcommit_ratio: Option<Spanned<f64>>,
@@ -49,6 +50,14 @@ struct ConfigFile {
     udev_timeout_sec: Option<Spanned<u64>>,
     direct_io: Option<bool>,
 }
+
+const KNOWN_KEYS: &[&str] = &[
+    "storage_roots",
+    "overcommit_ratio",
+    "reserve",
+    "udev_timeout_sec",
+    "direct_io",
+];
 
 #[derive(Deserialize)]
 #[serde(untagged)]
@@ -58,11 +67,12 @@ enum ReserveValue {
 }
 
 impl Config {
-    /// Reads the config file; a missing file means all defaults.
-    pub fn load(file: &Path) -> Result<Self, RegistryError> {
+    /// Reads the config file; a missing file means all defaults. The
+    /// warnings name keys that were ignored.
+    pub fn load(file: &Path) -> Result<(Self, Vec<RegistryWarning>), RegistryError> {
         match std::fs::read_to_string(file) {
-            Ok(text) => Self::parse(file, &text),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Self::default()),
+            Ok(text) => Self::parse_with_warnings(file, &text),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok((Self::default(), Vec::new())),
             Err(e) => Err(RegistryError::new(
                 file,
                 None,
@@ -72,8 +82,14 @@ impl Config {
     }
 
     pub fn parse(file: &Path, text: &str) -> Result<Self, RegistryError> {
-        let raw: ConfigFile =
-            toml::from_str(text).map_err(|e| RegistryError::from_toml(file, text, &e))?;
+        Self::parse_with_warnings(file, text).map(|(config, _)| config)
+    }
+
+    pub fn parse_with_warnings(
+        file: &Path,
+        text: &str,
+    ) -> Result<(Self, Vec<RegistryWarning>), RegistryError> {
+        let (raw, warnings): (ConfigFile, _) = from_toml(file, text, KNOWN_KEYS)?;
         let fail = |span, reason: String| RegistryError::at(file, text, Some(span), reason);
         let mut config = Self::default();
 
@@ -119,7 +135,7 @@ impl Config {
         if let Some(direct_io) = raw.direct_io {
             config.direct_io = direct_io;
         }
-        Ok(config)
+        Ok((config, warnings))
     }
 
     /// The storage root that contains `path`, if any.
@@ -193,10 +209,24 @@ mod tests {
     }
 
     #[test]
+    fn unknown_keys_are_ignored_with_a_suggestion() {
+        let (config, warnings) = Config::parse_with_warnings(
+            Path::new("/etc/sparse-volume/config.toml"),
+            "direct_io = false\novercommit = 2.0\n",
+        )
+        .unwrap();
+        assert!(!config.direct_io);
+        assert_eq!(config.overcommit_ratio, 1.0);
+        assert_eq!(
+            warnings[0].to_string(),
+            "/etc/sparse-volume/config.toml:2: unknown key \"overcommit\" (did you mean \"overcommit_ratio\"?); ignored"
+        );
+    }
+
+    #[test]
     fn errors_name_the_line() {
-        let err = parse("direct_io = true\nbogus = 1\n").unwrap_err();
+        let err = parse("direct_io = true\nreserve = [1]\n").unwrap_err();
         assert_eq!(err.line, Some(2));
-        assert!(err.reason.contains("bogus"), "{err}");
         let err = parse("\n\novercommit_ratio = 0.5\n").unwrap_err();
         assert_eq!(err.line, Some(3));
         assert!(parse("storage_roots = [\"relative\"]").is_err());

@@ -5,16 +5,21 @@
 
 mod config;
 mod error;
+mod lenient;
 mod volume;
 
 use std::fs;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use anyhow::{Context, Result};
 
 pub use config::{Config, Reserve};
 pub use error::RegistryError;
-pub use volume::{check_path, check_size, FsType, Mode, Volume};
+pub use lenient::RegistryWarning;
+pub use volume::{
+    check_path, check_size, check_volume_path, FsType, Invalid, Mode, Parsed, Volume,
+    CREATING_SUFFIX, DEFAULT_SECTOR_SIZE, SECTOR_SIZES,
+};
 
 use crate::fsutil::{write_atomically, ExclusiveLock};
 use crate::paths::SystemRoot;
@@ -23,22 +28,60 @@ use crate::volume_id::VolumeId;
 pub struct Registry {
     root: SystemRoot,
     config: Config,
+    /// Why `config.toml` could not be used (then `config` is the defaults).
+    config_problem: Option<RegistryError>,
+    config_warnings: Vec<RegistryWarning>,
 }
 
 /// One registry file and what became of it.
 pub struct Entry {
     pub file: PathBuf,
     pub volume: Result<Volume, RegistryError>,
+    /// Keys of this file that were ignored.
+    pub warnings: Vec<RegistryWarning>,
+    /// The backing file the entry names, even when the entry is invalid:
+    /// such a file is still somebody's data and never ours to delete.
+    pub named_path: Option<PathBuf>,
 }
 
 impl Registry {
-    pub fn open(root: SystemRoot) -> Result<Self, RegistryError> {
-        let config = Config::load(&root.config_file())?;
-        Ok(Self { root, config })
+    /// Opens the registry. A `config.toml` that cannot be read or does not
+    /// validate never takes registered volumes down: the built-in defaults
+    /// apply (volume files carry their own settings) and
+    /// [`Registry::config_problem`] says why.
+    pub fn open(root: SystemRoot) -> Self {
+        let (config, config_problem, config_warnings) = match Config::load(&root.config_file()) {
+            Ok((config, warnings)) => (config, None, warnings),
+            Err(problem) => (Config::default(), Some(problem), Vec::new()),
+        };
+        Self {
+            root,
+            config,
+            config_problem,
+            config_warnings,
+        }
     }
 
     pub fn config(&self) -> &Config {
         &self.config
+    }
+
+    /// The configuration for decisions that depend on it (where files go,
+    /// how much space may be promised): a broken `config.toml` is an error
+    /// there, not a reason to fall back to defaults.
+    pub fn provisioning_config(&self) -> Result<&Config, RegistryError> {
+        match &self.config_problem {
+            Some(problem) => Err(problem.clone()),
+            None => Ok(&self.config),
+        }
+    }
+
+    pub fn config_problem(&self) -> Option<&RegistryError> {
+        self.config_problem.as_ref()
+    }
+
+    pub fn config_warnings(&self) -> &[RegistryWarning] {
+        &self.config_warnings
     }
 
     pub fn root(&self) -> &SystemRoot {
@@ -65,22 +108,58 @@ impl Registry {
             }
         }
         files.sort();
-        Ok(files
+        Ok(files.into_iter().map(|file| self.read_entry(file)).collect())
+    }
+
+    fn read_entry(&self, file: PathBuf) -> Entry {
+        let text = match fs::read_to_string(&file) {
+            Ok(text) => text,
+            Err(e) => {
+                let volume = Err(RegistryError::new(&file, None, format!("cannot be read: {e}")));
+                return Entry {
+                    file,
+                    volume,
+                    warnings: Vec::new(),
+                    named_path: None,
+                };
+            }
+        };
+        match Volume::parse(&file, &text, &self.config) {
+            Ok(parsed) => Entry {
+                named_path: Some(parsed.volume.path.clone()),
+                volume: Ok(parsed.volume),
+                warnings: parsed.warnings,
+                file,
+            },
+            Err(error) => Entry {
+                named_path: named_path(&text),
+                volume: Err(error),
+                warnings: Vec::new(),
+                file,
+            },
+        }
+    }
+
+    /// Every backing file any registry file names, valid or not (host
+    /// paths). Nothing in this set may be deleted as a leftover.
+    pub fn named_backing_files(&self) -> Result<Vec<PathBuf>> {
+        Ok(self
+            .entries()?
             .into_iter()
-            .map(|file| {
-                let volume = self.read_file(&file);
-                Entry { file, volume }
-            })
+            .filter_map(|entry| entry.named_path)
+            .map(|path| self.root.host_path(path))
             .collect())
+    }
+
+    /// The registry file of `id` and what became of it, if there is one.
+    pub fn entry(&self, id: &VolumeId) -> Option<Entry> {
+        let file = self.root.volume_file(id);
+        file.exists().then(|| self.read_entry(file))
     }
 
     /// The volume registered under `id`, `Ok(None)` if there is none.
     pub fn get(&self, id: &VolumeId) -> Result<Option<Volume>, RegistryError> {
-        let file = self.root.volume_file(id);
-        if !file.exists() {
-            return Ok(None);
-        }
-        self.read_file(&file).map(Some)
+        self.entry(id).map(|entry| entry.volume).transpose()
     }
 
     /// The volume registered under `id`; its absence is an error that
@@ -94,21 +173,14 @@ impl Registry {
         })
     }
 
-    fn read_file(&self, file: &Path) -> Result<Volume, RegistryError> {
-        let text = fs::read_to_string(file)
-            .map_err(|e| RegistryError::new(file, None, format!("cannot be read: {e}")))?;
-        Volume::parse(file, &text, &self.config)
-    }
-
     /// Writes (creates or replaces) a volume's file atomically.
     pub fn put(&self, volume: &Volume) -> Result<()> {
         let dir = self.root.volumes_dir();
         fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
-        write_atomically(
-            &self.root.volume_file(&volume.id),
-            volume.to_toml().as_bytes(),
-            0o644,
-        )
+        let text = volume
+            .to_toml()
+            .with_context(|| format!("registering {}", volume.id))?;
+        write_atomically(&self.root.volume_file(&volume.id), text.as_bytes(), 0o644)
     }
 
     /// Serialises registry read-modify-write and capacity decisions.
@@ -116,8 +188,24 @@ impl Registry {
         ExclusiveLock::acquire(&self.root.run_dir().join("registry.lock"))
     }
 
-    /// Serialises device work (attach/detach) on one volume.
+    /// Serialises device and data work on one volume (attach, detach,
+    /// resize, deleting its file). Lock order: [`Registry::lock`] first,
+    /// then this, never the other way round.
     pub fn volume_lock(root: &SystemRoot, id: &VolumeId) -> Result<ExclusiveLock> {
         ExclusiveLock::acquire(&root.run_dir().join(format!("{id}.lock")))
     }
+}
+
+/// The `path` of a registry file that does not validate: from its TOML if
+/// that is
+/// readable at all, else of a plain `path = "..."` line.
+fn named_path(text: &str) -> Option<PathBuf> {
+    if let Ok(table) = toml::from_str::<toml::Table>(text) {
+        return table.get("path")?.as_str().map(PathBuf::from);
+    }
+    text.lines().find_map(|line| {
+        let value = line.trim_start().strip_prefix("path")?.trim_start();
+        let quoted = value.strip_prefix('=')?.trim().strip_prefix('"')?;
+        quoted.split_once('"').map(|(path, _)| PathBuf::from(path))
+    })
 }

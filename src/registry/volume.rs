@@ -8,8 +8,12 @@ use toml::Spanned;
 
 use super::config::Config;
 use super::error::RegistryError;
+use super::lenient::{from_toml, RegistryWarning};
 use crate::paths::is_normal_absolute;
 use crate::volume_id::VolumeId;
+
+/// The suffix of a backing file's hidden name while `create` makes it.
+pub const CREATING_SUFFIX: &str = ".creating";
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "lowercase")]
@@ -75,7 +79,14 @@ pub struct Volume {
     /// space any more, and a resize must reserve the new range too.
     pub preallocated: bool,
     pub name: Option<String>,
+    /// The logical sector size the volume's GPT or file system was made
+    /// for; always passed to the kernel, never left to its default.
+    pub sector_size: u32,
 }
+
+/// The sector size of volumes whose file predates the `sector_size` key.
+pub const DEFAULT_SECTOR_SIZE: u32 = 512;
+pub const SECTOR_SIZES: [u32; 2] = [512, 4096];
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -85,8 +96,8 @@ enum ModeName {
 }
 
 /// The file as written by operators and by us; validated into [`Volume`].
+/// Unknown keys are warnings (see `lenient`), so no `deny_unknown_fields`.
 #[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
 struct VolumeFile {
     uuid: Spanned<String>,
     path: Spanned<String>,
@@ -99,7 +110,23 @@ struct VolumeFile {
     preallocated: Option<bool>,
     name: Option<Spanned<String>>,
     mkfs_options: Option<Spanned<Vec<String>>>,
+    sector_size: Option<Spanned<i64>>,
 }
+
+const KNOWN_KEYS: &[&str] = &[
+    "uuid",
+    "path",
+    "size",
+    "mode",
+    "fs_type",
+    "enabled",
+    "read_only",
+    "direct_io",
+    "preallocated",
+    "name",
+    "mkfs_options",
+    "sector_size",
+];
 
 /// What we write: every field explicit, so the file reads as the truth.
 #[derive(Serialize)]
@@ -107,25 +134,52 @@ struct VolumeFileOut<'a> {
     uuid: String,
     #[serde(skip_serializing_if = "Option::is_none")]
     name: Option<&'a str>,
-    path: &'a Path,
+    path: &'a str,
     size: u64,
     mode: ModeName,
     #[serde(skip_serializing_if = "Option::is_none")]
     fs_type: Option<FsType>,
     #[serde(skip_serializing_if = "Option::is_none")]
     mkfs_options: Option<&'a [String]>,
+    sector_size: u32,
     enabled: bool,
     read_only: bool,
     direct_io: bool,
     preallocated: bool,
 }
 
+/// A rule a volume breaks, and the registry key it is about (so that a
+/// parse error can point at the line).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Invalid {
+    pub key: &'static str,
+    pub reason: String,
+}
+
+impl fmt::Display for Invalid {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.reason)
+    }
+}
+
+impl std::error::Error for Invalid {}
+
+fn invalid(key: &'static str, reason: String) -> Invalid {
+    Invalid { key, reason }
+}
+
+/// A parsed volume file: the volume, and the keys that were ignored.
+pub struct Parsed {
+    pub volume: Volume,
+    pub warnings: Vec<RegistryWarning>,
+}
+
 impl Volume {
     /// Parses and validates the text of `file` (its logical name is used for
-    /// the file-name/uuid check and for messages).
-    pub fn parse(file: &Path, text: &str, config: &Config) -> Result<Self, RegistryError> {
-        let raw: VolumeFile =
-            toml::from_str(text).map_err(|e| RegistryError::from_toml(file, text, &e))?;
+    /// the file-name/uuid check and for messages). Unknown keys are ignored
+    /// and reported in [`Parsed::warnings`].
+    pub fn parse(file: &Path, text: &str, config: &Config) -> Result<Parsed, RegistryError> {
+        let (raw, warnings): (VolumeFile, _) = from_toml(file, text, KNOWN_KEYS)?;
         let fail = |span: std::ops::Range<usize>, reason: String| {
             RegistryError::at(file, text, Some(span), reason)
         };
@@ -142,33 +196,42 @@ impl Volume {
                 format!("uuid {id} does not match the file name (expected {expected_name})"),
             ));
         }
-
-        let path = PathBuf::from(raw.path.get_ref());
-        check_path(&path, config).map_err(|reason| fail(raw.path.span(), reason))?;
         let size = u64::try_from(*raw.size.get_ref()).map_err(|_| {
             fail(
                 raw.size.span(),
                 format!("size {} must be positive", raw.size.get_ref()),
             )
         })?;
-        check_size(size).map_err(|reason| fail(raw.size.span(), reason))?;
+        let sector_size = match &raw.sector_size {
+            None => DEFAULT_SECTOR_SIZE,
+            Some(value) => u32::try_from(*value.get_ref())
+                .ok()
+                .filter(|s| SECTOR_SIZES.contains(s))
+                .ok_or_else(|| {
+                    fail(
+                        value.span(),
+                        format!("sector_size {} must be 512 or 4096", value.get_ref()),
+                    )
+                })?,
+        };
 
         let mode = match raw.mode {
             ModeName::Filesystem => Mode::Filesystem {
-                fs_type: raw.fs_type.map_or(FsType::Ext4, Spanned::into_inner),
+                fs_type: raw.fs_type.as_ref().map_or(FsType::Ext4, |f| *f.get_ref()),
                 mkfs_options: raw
                     .mkfs_options
-                    .map(Spanned::into_inner)
+                    .as_ref()
+                    .map(|o| o.get_ref().clone())
                     .unwrap_or_default(),
             },
             ModeName::Block => {
-                if let Some(fs_type) = raw.fs_type {
+                if let Some(fs_type) = &raw.fs_type {
                     return Err(fail(
                         fs_type.span(),
                         "fs_type is only valid for mode = \"filesystem\"".into(),
                     ));
                 }
-                if let Some(options) = raw.mkfs_options {
+                if let Some(options) = &raw.mkfs_options {
                     return Err(fail(
                         options.span(),
                         "mkfs_options is only valid for mode = \"filesystem\"".into(),
@@ -178,30 +241,74 @@ impl Volume {
             }
         };
 
-        let name = match raw.name {
-            Some(name) if name.get_ref().chars().any(char::is_control) => {
-                return Err(fail(
-                    name.span(),
-                    "name must not contain control characters".into(),
-                ));
-            }
-            other => other.map(Spanned::into_inner),
-        };
-
-        Ok(Volume {
+        let volume = Volume {
             id,
-            path,
+            path: PathBuf::from(raw.path.get_ref()),
             size,
             mode,
             enabled: raw.enabled.unwrap_or(true),
             read_only: raw.read_only.unwrap_or(false),
             direct_io: raw.direct_io.unwrap_or(config.direct_io),
             preallocated: raw.preallocated.unwrap_or(false),
-            name,
-        })
+            name: raw.name.as_ref().map(|n| n.get_ref().clone()),
+            sector_size,
+        };
+        volume.validate().map_err(|Invalid { key, reason }| {
+            let span = match key {
+                "path" => Some(raw.path.span()),
+                "size" => Some(raw.size.span()),
+                "name" => raw.name.as_ref().map(Spanned::span),
+                "mkfs_options" => raw.mkfs_options.as_ref().map(Spanned::span),
+                "sector_size" => raw.sector_size.as_ref().map(Spanned::span),
+                _ => Some(raw.uuid.span()),
+            };
+            RegistryError::at(file, text, span, reason)
+        })?;
+        Ok(Parsed { volume, warnings })
     }
 
-    pub fn to_toml(&self) -> String {
+    /// The rules every registered volume obeys. The parser applies them to
+    /// every file it reads, and `create`/`register` to what they are about
+    /// to write: nothing the CLI accepts can make an unreadable entry.
+    pub fn validate(&self) -> Result<(), Invalid> {
+        check_volume_path(&self.path).map_err(|r| invalid("path", r))?;
+        if !SECTOR_SIZES.contains(&self.sector_size) {
+            return Err(invalid(
+                "sector_size",
+                format!("sector_size {} must be 512 or 4096", self.sector_size),
+            ));
+        }
+        check_size(self.size).map_err(|r| invalid("size", r))?;
+        if !self.size.is_multiple_of(u64::from(self.sector_size)) {
+            return Err(invalid(
+                "size",
+                format!(
+                    "size {} must be a multiple of the sector size {}",
+                    self.size, self.sector_size
+                ),
+            ));
+        }
+        if let Some(name) = &self.name {
+            if name.chars().any(char::is_control) {
+                return Err(invalid(
+                    "name",
+                    "name must not contain control characters".into(),
+                ));
+            }
+        }
+        if let Mode::Filesystem { mkfs_options, .. } = &self.mode {
+            if mkfs_options.iter().any(|o| o.chars().any(char::is_control)) {
+                return Err(invalid(
+                    "mkfs_options",
+                    "mkfs_options must not contain control characters".into(),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    pub fn to_toml(&self) -> Result<String, Invalid> {
+        self.validate()?;
         let (mode, fs_type, mkfs_options) = match &self.mode {
             Mode::Filesystem {
                 fs_type,
@@ -213,38 +320,64 @@ impl Volume {
             ),
             Mode::Block => (ModeName::Block, None, None),
         };
+        let path = self.path.to_str().ok_or_else(|| {
+            invalid(
+                "path",
+                format!("path {:?} is not valid UTF-8", self.path.display()),
+            )
+        })?;
         let out = VolumeFileOut {
             uuid: self.id.to_string(),
             name: self.name.as_deref(),
-            path: &self.path,
+            path,
             size: self.size,
             mode,
             fs_type,
             mkfs_options,
+            sector_size: self.sector_size,
             enabled: self.enabled,
             read_only: self.read_only,
             direct_io: self.direct_io,
             preallocated: self.preallocated,
         };
-        // Serialising plain strings, integers and booleans cannot fail.
-        toml::to_string(&out).unwrap_or_else(|e| unreachable!("volume serialisation: {e}"))
+        toml::to_string(&out).map_err(|e| invalid("uuid", format!("cannot be written: {e}")))
     }
 }
 
-/// A backing file path must be a normalised absolute path inside a
-/// storage root: that is what keeps `check` and the capacity accounting
-/// from missing a volume.
-pub fn check_path(path: &Path, config: &Config) -> Result<(), String> {
-    if !is_normal_absolute(path) {
+/// The shape of a backing file path, whatever the configuration says: a
+/// normalised absolute UTF-8 path (it is written into TOML and unit files)
+/// whose file name is not one of our hidden temporary names.
+pub fn check_volume_path(path: &Path) -> Result<(), String> {
+    let Some(text) = path.to_str() else {
         return Err(format!(
-            "path \"{}\" must be a normalised absolute path",
-            path.display()
+            "path {:?} is not valid UTF-8",
+            path.to_string_lossy()
+        ));
+    };
+    if !is_normal_absolute(path) || path == Path::new("/") {
+        return Err(format!(
+            "path \"{text}\" must be a normalised absolute path"
         ));
     }
     // Such a path cannot be written into a unit file (RequiresMountsFor=).
-    if path.to_string_lossy().chars().any(char::is_control) {
-        return Err(format!("path {path:?} must not contain control characters"));
+    if text.chars().any(char::is_control) {
+        return Err(format!("path {text:?} must not contain control characters"));
     }
+    let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
+    if name.starts_with('.') || name.ends_with(CREATING_SUFFIX) {
+        return Err(format!(
+            "path \"{text}\": names starting with \".\" or ending in \"{CREATING_SUFFIX}\" are reserved for temporary files"
+        ));
+    }
+    Ok(())
+}
+
+/// Where `create` and `register` may put or adopt a file: inside a storage
+/// root, which keeps `check` and the capacity accounting from missing a
+/// volume. Not a rule of the registry: a registered volume attaches even
+/// after `config.toml` changed or went away.
+pub fn check_path(path: &Path, config: &Config) -> Result<(), String> {
+    check_volume_path(path)?;
     if config.storage_root_of(path).is_none() {
         let roots: Vec<_> = config
             .storage_roots
@@ -260,12 +393,16 @@ pub fn check_path(path: &Path, config: &Config) -> Result<(), String> {
     Ok(())
 }
 
-/// Loop devices and partition tables work in 512-byte sectors.
+/// Loop devices and partition tables work in 512-byte sectors at least;
+/// the registry stores sizes as TOML integers (i64).
 pub fn check_size(size: u64) -> Result<(), String> {
     if size == 0 || !size.is_multiple_of(512) {
         return Err(format!(
             "size {size} must be a positive multiple of 512 bytes"
         ));
+    }
+    if i64::try_from(size).is_err() {
+        return Err(format!("size {size} is too large"));
     }
     Ok(())
 }
@@ -281,7 +418,7 @@ mod tests {
     }
 
     fn parse(text: &str) -> Result<Volume, RegistryError> {
-        Volume::parse(&file(), text, &Config::default())
+        Volume::parse(&file(), text, &Config::default()).map(|parsed| parsed.volume)
     }
 
     fn minimal(extra: &str) -> String {
@@ -300,16 +437,19 @@ mod tests {
             }
         );
         assert!(volume.enabled && !volume.read_only && volume.direct_io);
+        assert_eq!(volume.sector_size, 512);
     }
 
     #[test]
     fn round_trips_through_toml() {
         let volume = parse(&minimal("fs_type = \"xfs\"\nname = \"db data\"\nread_only = true\npreallocated = true\nmkfs_options = [\"-m\", \"crc=1\"]\n")).unwrap();
         assert!(volume.preallocated);
-        assert_eq!(parse(&volume.to_toml()).unwrap(), volume);
-        let block = parse(&minimal("").replace("filesystem", "block")).unwrap();
+        assert_eq!(parse(&volume.to_toml().unwrap()).unwrap(), volume);
+        let block =
+            parse(&minimal("sector_size = 4096\n").replace("filesystem", "block")).unwrap();
         assert_eq!(block.mode, Mode::Block);
-        assert_eq!(parse(&block.to_toml()).unwrap(), block);
+        assert_eq!(block.sector_size, 4096);
+        assert_eq!(parse(&block.to_toml().unwrap()).unwrap(), block);
     }
 
     #[test]
@@ -321,9 +461,20 @@ mod tests {
                 "canonical",
             ),
             (
-                minimal("").replace("/var/lib/sparse-volume", "/home/x"),
+                minimal("").replace(&format!("/{ID}\""), "/.hidden\""),
                 2,
-                "storage root",
+                "reserved for temporary files",
+            ),
+            (
+                minimal("").replace(&format!("/{ID}\""), "/b.creating\""),
+                2,
+                "reserved for temporary files",
+            ),
+            (minimal("sector_size = 1024\n"), 5, "512 or 4096"),
+            (
+                minimal("sector_size = 4096\n").replace("1048576", "1049088"),
+                3,
+                "multiple of the sector size",
             ),
             (
                 minimal("").replace("/var/lib/sparse-volume", "/var/lib/sparse-volume/../../etc"),
@@ -343,7 +494,6 @@ mod tests {
                 4,
                 "unknown variant",
             ),
-            (minimal("colour = 1\n"), 5, "unknown field"),
             (minimal("fs_type = \"btrfs\"\n"), 5, "unknown variant"),
             (
                 minimal("fs_type = \"ext4\"\n").replace("\"filesystem\"", "\"block\""),
@@ -369,7 +519,53 @@ mod tests {
     fn file_name_must_match_uuid() {
         let other =
             Path::new("/etc/sparse-volume/volumes.d/0e2f7c5a-1111-4222-8333-444455556666.toml");
-        let err = Volume::parse(other, &minimal(""), &Config::default()).unwrap_err();
+        let err = Volume::parse(other, &minimal(""), &Config::default())
+            .err()
+            .unwrap();
         assert!(err.reason.contains("does not match the file name"), "{err}");
+    }
+
+    #[test]
+    fn unknown_keys_are_warnings_and_the_volume_is_kept() {
+        let parsed = Volume::parse(
+            &file(),
+            &minimal("colour = 1\nsector_sise = 4096\n"),
+            &Config::default(),
+        )
+        .unwrap();
+        assert_eq!(parsed.volume.id.to_string(), ID);
+        let shown: Vec<String> = parsed.warnings.iter().map(ToString::to_string).collect();
+        assert_eq!(
+            shown,
+            [
+                format!("{}:5: unknown key \"colour\"; ignored", file().display()),
+                format!(
+                    "{}:6: unknown key \"sector_sise\" (did you mean \"sector_size\"?); ignored",
+                    file().display()
+                ),
+            ]
+        );
+    }
+
+    #[test]
+    fn a_path_outside_every_storage_root_still_reads() {
+        // Containment is for create and register; a registered volume
+        // must not vanish because config.toml changed or was purged.
+        let volume = parse(&minimal("").replace("/var/lib/sparse-volume", "/srv/elsewhere")).unwrap();
+        assert!(check_path(&volume.path, &Config::default()).is_err());
+    }
+
+    #[test]
+    fn what_cannot_be_read_back_cannot_be_written() {
+        use std::os::unix::ffi::OsStrExt;
+        let mut volume = parse(&minimal("")).unwrap();
+        volume.name = Some("a\tb".into());
+        assert_eq!(volume.to_toml().unwrap_err().key, "name");
+        volume.name = None;
+        volume.path = PathBuf::from(std::ffi::OsStr::from_bytes(b"/var/lib/sparse-volume/\xff"));
+        assert!(volume.to_toml().unwrap_err().reason.contains("UTF-8"));
+        volume.path = PathBuf::from("/var/lib/sparse-volume/x");
+        volume.size = u64::MAX - 511;
+        assert!(volume.to_toml().unwrap_err().reason.contains("too large"));
     }
 }

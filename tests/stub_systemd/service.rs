@@ -232,8 +232,7 @@ impl Manager {
     async fn reload(&self, #[zbus(object_server)] server: &ObjectServer) -> zbus::fdo::Result<()> {
         self.record("Reload".into());
         let root = self.state.lock().unwrap().registry_root.clone();
-        let registry = Registry::open(SystemRoot::at(root))
-            .map_err(|e| zbus::fdo::Error::Failed(e.to_string()))?;
+        let registry = Registry::open(SystemRoot::at(root));
         let entries = registry
             .entries()
             .map_err(|e| zbus::fdo::Error::Failed(e.to_string()))?;
