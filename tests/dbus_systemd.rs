@@ -10,7 +10,7 @@ mod stub_systemd;
 use std::fs;
 use std::time::{Duration, Instant};
 
-use common::{new_uuid, Fixture, Run};
+use common::{loops_of, new_uuid, tool, Fixture, Run};
 use stub_systemd::{PrivateBus, StubSystemd};
 
 /// A registry fixture, a private bus and a stub systemd on it. Fields drop
@@ -43,10 +43,11 @@ impl World {
         run
     }
 
-    /// A registered volume (no backing file: systemd is a stub, nothing
-    /// attaches) with the given `enabled` flag.
+    /// A registered ext4 volume with the given `enabled` flag; the stub's
+    /// jobs run the real attach/detach on it, as the unit would.
     fn volume(&self, enabled: bool) -> String {
         let uuid = new_uuid();
+        self.fx.make_ext4(&uuid);
         self.fx
             .register(&uuid, "filesystem", &format!("enabled = {enabled}\n"));
         uuid
@@ -190,12 +191,15 @@ fn start_and_stop_report_changed_and_are_idempotent() {
     assert_eq!(started["job_result"], "done");
     assert_eq!(started["active_state"], "active");
     assert_eq!(started["sub_state"], "exited");
+    let device = started["device"].as_str().unwrap().to_string();
+    assert_eq!(loops_of(&world.fx.backing(&uuid)), vec![device]);
     let again = world.run_ok(&["start", &uuid, "--json"]).json();
     assert_eq!(again["changed"], false);
 
     let stopped = world.run_ok(&["stop", &uuid, "--json"]).json();
     assert_eq!(stopped["changed"], true);
     assert_eq!(stopped["active_state"], "inactive");
+    assert!(loops_of(&world.fx.backing(&uuid)).is_empty());
     let again = world.run_ok(&["stop", &uuid, "--json"]).json();
     assert_eq!(again["changed"], false);
     // Reads like systemctl's own output for people.
@@ -205,6 +209,74 @@ fn start_and_stop_report_changed_and_are_idempotent() {
         "{}",
         human.stdout
     );
+}
+
+#[test]
+fn start_and_repair_bring_back_a_device_detached_behind_an_active_unit() {
+    // The unit is a oneshot with RemainAfterExit: it stays "active" after
+    // someone detached its device by hand.
+    let world = World::new();
+    let uuid = world.volume(true);
+    world.run_ok(&["start", &uuid]);
+    world.run_ok(&["detach", &uuid]);
+    assert_eq!(world.stub.unit(&unit(&uuid)).unwrap().active_state, "active");
+
+    let started = world.run_ok(&["start", &uuid, "--json"]).json();
+    assert_eq!(started["changed"], true, "{started}");
+    assert_eq!(loops_of(&world.fx.backing(&uuid)).len(), 1);
+
+    world.run_ok(&["detach", &uuid]);
+    let repaired = world.run(&["check", "--repair", "--json"]);
+    assert_eq!(repaired.code, 0, "{}", repaired.stdout);
+    assert_eq!(
+        loops_of(&world.fx.backing(&uuid)).len(),
+        1,
+        "check --repair said repaired, the device is still gone: {}",
+        repaired.stdout
+    );
+    world.run_ok(&["stop", &uuid]);
+}
+
+#[test]
+fn stop_of_a_mounted_volume_fails_with_the_reason_and_changes_nothing() {
+    let world = World::new();
+    let uuid = world.volume(true);
+    let device = world.run_ok(&["start", &uuid, "--json"]).json()["device"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let mnt = tempfile::tempdir().unwrap();
+    tool("mount", &[&device, mnt.path().to_str().unwrap()]);
+    let first = world.run(&["stop", &uuid]);
+    let second = world.run(&["stop", &uuid, "--json"]);
+    let disable = world.run(&["disable", &uuid, "--now"]);
+    let still = loops_of(&world.fx.backing(&uuid));
+    let enabled = registry_says_enabled(&world.fx, &uuid);
+    tool("umount", &[mnt.path().to_str().unwrap()]);
+    for run in [&first, &second, &disable] {
+        assert_eq!(run.code, 1, "{}{}", run.stdout, run.stderr);
+        assert!(run.stderr.contains("unmount it first"), "{}", run.stderr);
+        assert!(!run.stdout.contains("\"changed\":true"), "{}", run.stdout);
+    }
+    assert_eq!(still, vec![device], "the device went away");
+    assert!(enabled, "a refused disable --now still cleared the flag");
+    assert_eq!(world.stub.unit(&unit(&uuid)).unwrap().active_state, "active");
+    world.run_ok(&["stop", &uuid]);
+}
+
+#[test]
+fn stop_of_a_failed_unit_releases_the_device_it_left_bound() {
+    let world = World::new();
+    let uuid = world.volume(true);
+    // A start that failed after binding (say, the udev wait timed out).
+    world.run_ok(&["attach", &uuid]);
+    world.stub.set_job_result(Some("failed"));
+    assert_eq!(world.run(&["start", &uuid]).code, 1);
+    world.stub.set_job_result(Some("done"));
+    assert_eq!(world.stub.unit(&unit(&uuid)).unwrap().active_state, "failed");
+    let stopped = world.run_ok(&["stop", &uuid, "--json"]).json();
+    assert_eq!(stopped["changed"], true);
+    assert!(loops_of(&world.fx.backing(&uuid)).is_empty());
 }
 
 #[test]

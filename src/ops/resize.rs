@@ -58,6 +58,10 @@ pub fn resize(root: &SystemRoot, id: &VolumeId, requested: u64) -> Result<Resize
     let size = requested.div_ceil(MIB) * MIB;
     let registry = Registry::open(root.clone());
     let _lock = registry.lock()?;
+    // Lock order registry → volume, as everywhere: no attach, detach or
+    // repair touches the file or its device while it grows (an offline
+    // e2fsck/resize2fs, or the temporary xfs device, must not race them).
+    let _volume_lock = Registry::volume_lock(root, id)?;
     let mut volume = registry.require(id)?;
     let old_size = volume.size;
     if size < old_size {

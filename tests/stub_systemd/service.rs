@@ -130,6 +130,37 @@ struct Manager {
     state: Shared,
 }
 
+#[derive(Clone, Copy)]
+enum Verb {
+    Start,
+    Stop,
+}
+
+impl Verb {
+    /// Runs the template unit's ExecStart/ExecStop for an instance of
+    /// `sparse-volume@.service`; other units have nothing to run.
+    fn exec(self, registry_root: &std::path::Path, unit: &str) -> bool {
+        let Some(uuid) = unit
+            .strip_prefix("sparse-volume@")
+            .and_then(|u| u.strip_suffix(".service"))
+        else {
+            return true;
+        };
+        let command = match self {
+            Verb::Start => "attach",
+            Verb::Stop => "detach",
+        };
+        std::process::Command::new(env!("CARGO_BIN_EXE_sparse-volume"))
+            .args([command, uuid])
+            .env("SPARSE_VOLUME_ROOT", registry_root)
+            .env_remove("DBUS_SYSTEM_BUS_ADDRESS")
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .status()
+            .is_ok_and(|status| status.success())
+    }
+}
+
 impl Manager {
     fn record(&self, call: String) {
         self.state.lock().unwrap().calls.push(call);
@@ -163,18 +194,14 @@ impl Manager {
     }
 
     /// Queues a job: the reply names it, and like systemd the JobRemoved
-    /// signal follows later, after the unit changed state.
-    fn queue_job(
-        &self,
-        connection: &Connection,
-        unit: &str,
-        target: (&str, &str, &str),
-    ) -> OwnedObjectPath {
-        let (id, result) = {
+    /// signal follows later, after the unit's ExecStart/ExecStop (the real
+    /// `sparse-volume attach`/`detach`) ran and the unit changed state.
+    fn queue_job(&self, connection: &Connection, unit: &str, verb: Verb) -> OwnedObjectPath {
+        let (id, result, registry_root) = {
             let mut state = self.state.lock().unwrap();
             let id = state.next_job;
             state.next_job += 1;
-            (id, state.job_result.clone())
+            (id, state.job_result.clone(), state.registry_root.clone())
         };
         let job = OwnedObjectPath::try_from(format!("/org/freedesktop/systemd1/job/{id}"))
             .expect("a valid object path");
@@ -190,22 +217,21 @@ impl Manager {
         let connection = connection.clone();
         let unit = unit.to_string();
         let signal_job = job.clone();
-        let (done_active, done_sub, done_result) = target;
-        let (active, sub, unit_result) = if result == "done" {
-            (
-                done_active.to_string(),
-                done_sub.to_string(),
-                done_result.to_string(),
-            )
-        } else {
-            (
-                "failed".to_string(),
-                "failed".to_string(),
-                "exit-code".to_string(),
-            )
-        };
         std::thread::spawn(move || {
             std::thread::sleep(Duration::from_millis(50));
+            let ran = result == "done" && verb.exec(&registry_root, &unit);
+            // As systemd: a failed ExecStart fails the job; a failed
+            // ExecStop still ends the stop job "done", with a failed unit.
+            let (active, sub, unit_result, result) = match (verb, ran) {
+                (Verb::Start, true) => ("active", "exited", "success", result),
+                (Verb::Stop, true) => ("inactive", "dead", "success", result),
+                (Verb::Start, false) if result == "done" => {
+                    ("failed", "failed", "exit-code", "failed".to_string())
+                }
+                (_, false) => ("failed", "failed", "exit-code", result),
+            };
+            let (active, sub, unit_result) =
+                (active.to_string(), sub.to_string(), unit_result.to_string());
             if let Some(record) = state.lock().unwrap().units.get_mut(&unit) {
                 record.active_state = active;
                 record.sub_state = sub;
@@ -261,7 +287,7 @@ impl Manager {
     ) -> zbus::fdo::Result<OwnedObjectPath> {
         self.record(format!("StartUnit {name} {mode}"));
         self.load(server, &name).await?;
-        Ok(self.queue_job(connection, &name, ("active", "exited", "success")))
+        Ok(self.queue_job(connection, &name, Verb::Start))
     }
 
     async fn stop_unit(
@@ -273,7 +299,7 @@ impl Manager {
     ) -> zbus::fdo::Result<OwnedObjectPath> {
         self.record(format!("StopUnit {name} {mode}"));
         self.load(server, &name).await?;
-        Ok(self.queue_job(connection, &name, ("inactive", "dead", "success")))
+        Ok(self.queue_job(connection, &name, Verb::Stop))
     }
 
     fn reset_failed_unit(&self, name: String) -> Result<(), SystemdError> {
