@@ -17,6 +17,9 @@ use super::Report;
 use crate::backing::open_backing_file;
 use crate::capacity;
 use crate::crashpoint;
+use crate::creating_mark::{
+    clear_creating_mark, creating_path, has_creating_mark, set_creating_mark,
+};
 use crate::fsutil::sync_dir;
 use crate::mkfs::make_filesystem;
 use crate::partition_table;
@@ -27,26 +30,6 @@ use crate::size::format_size;
 use crate::volume_id::VolumeId;
 
 const MIB: u64 = 1 << 20;
-pub const CREATING_SUFFIX: &str = ".creating";
-/// Set on a new backing file until its registry entry is written, so that
-/// `check` can tell an interrupted create (ours to clean up) from data
-/// that was deliberately kept unregistered (`remove` without
-/// `--delete-data`), which it must never touch.
-pub const CREATING_MARK: &str = "user.sparse-volume.creating";
-
-pub fn has_creating_mark(path: &Path) -> bool {
-    matches!(xattr::get(path, CREATING_MARK), Ok(Some(_)))
-}
-
-pub fn clear_creating_mark(path: &Path) -> Result<()> {
-    match xattr::remove(path, CREATING_MARK) {
-        Ok(()) => Ok(()),
-        Err(e) if e.raw_os_error() == Some(libc::ENODATA) => Ok(()),
-        Err(e) => {
-            Err(e).with_context(|| format!("clearing the creating mark of {}", path.display()))
-        }
-    }
-}
 
 #[derive(Debug, Clone)]
 pub struct CreateRequest {
@@ -106,15 +89,6 @@ impl Report for CreateReport {
     }
 }
 
-/// The hidden name a backing file has while it is being made.
-pub fn creating_path(final_path: &Path) -> PathBuf {
-    let name = final_path
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    final_path.with_file_name(format!(".{name}{CREATING_SUFFIX}"))
-}
-
 pub fn create(root: &SystemRoot, request: &CreateRequest) -> Result<CreateReport> {
     let mut report = create_registered(root, request)?;
     if request.now {
@@ -134,12 +108,13 @@ fn create_registered(root: &SystemRoot, request: &CreateRequest) -> Result<Creat
     }
     let size = request.size.div_ceil(MIB) * MIB;
     let registry = Registry::open(root.clone());
+    let config = registry.provisioning_config()?;
     let id = request
         .uuid
         .unwrap_or_else(|| VolumeId::new(uuid::Uuid::new_v4()));
-    let default_path = registry.config().storage_roots[0].join(id.to_string());
+    let default_path = config.storage_roots[0].join(id.to_string());
     let path = request.path.clone().unwrap_or(default_path);
-    check_path(&path, registry.config()).map_err(anyhow::Error::msg)?;
+    check_path(&path, config).map_err(anyhow::Error::msg)?;
     check_size(size).map_err(anyhow::Error::msg)?;
 
     let volume = Volume {
@@ -149,11 +124,13 @@ fn create_registered(root: &SystemRoot, request: &CreateRequest) -> Result<Creat
         mode: request.mode.clone(),
         enabled: true,
         read_only: false,
-        direct_io: registry.config().direct_io,
+        direct_io: config.direct_io,
         preallocated: request.preallocate,
         name: request.name.clone(),
         sector_size: crate::registry::DEFAULT_SECTOR_SIZE,
     };
+    // The parser's own rules, before anything exists on disk.
+    volume.validate()?;
     let report = |changed: bool, volume: &Volume, note: Option<String>| CreateReport {
         changed,
         uuid: id.to_string(),
@@ -176,6 +153,9 @@ fn create_registered(root: &SystemRoot, request: &CreateRequest) -> Result<Creat
     let _lock = registry.lock()?;
     if let Some(existing) = registry.get(&id)? {
         ensure_same_spec(&existing, request, size)?;
+        // A create killed after registering but before unmarking, now
+        // repeated: the mark must not outlive it.
+        clear_creating_mark(&root.host_path(&existing.path))?;
         return Ok(report(false, &existing, None));
     }
 
@@ -204,6 +184,7 @@ fn create_registered(root: &SystemRoot, request: &CreateRequest) -> Result<Creat
     capacity::ensure_fits(&capacity, size, &directory)?;
 
     let temporary = creating_path(&host_path);
+    remove_stale_temporary(&registry, &temporary)?;
     make_backing_file(&temporary, &volume)?;
     crashpoint::here("create:before-rename");
     // NOREPLACE: never clobber a file that appeared meanwhile.
@@ -310,14 +291,27 @@ fn adopt_interrupted(host_path: &Path, volume: &Volume) -> Result<()> {
     Ok(())
 }
 
-fn make_backing_file(temporary: &Path, volume: &Volume) -> Result<()> {
-    // A leftover of an earlier crash: never registered, never renamed, so
-    // nothing refers to it (we hold the registry lock).
-    match fs::remove_file(temporary) {
-        Ok(()) => {}
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-        Err(e) => return Err(e).with_context(|| format!("removing stale {}", temporary.display())),
+/// A leftover of an earlier crash of this same create: never renamed, so
+/// only ours if no registry file (valid or not) names it; we hold the
+/// registry lock, so none can start to.
+fn remove_stale_temporary(registry: &Registry, temporary: &Path) -> Result<()> {
+    if fs::symlink_metadata(temporary).is_err() {
+        return Ok(());
     }
+    if registry
+        .named_backing_files()?
+        .iter()
+        .any(|named| named == temporary)
+    {
+        bail!(
+            "{} is named by a registry file; not removing it",
+            temporary.display()
+        );
+    }
+    fs::remove_file(temporary).with_context(|| format!("removing stale {}", temporary.display()))
+}
+
+fn make_backing_file(temporary: &Path, volume: &Volume) -> Result<()> {
     let file = OpenOptions::new()
         .read(true)
         .write(true)
@@ -326,13 +320,7 @@ fn make_backing_file(temporary: &Path, volume: &Volume) -> Result<()> {
         .custom_flags(libc::O_CLOEXEC | libc::O_NOFOLLOW)
         .open(temporary)
         .with_context(|| format!("creating {}", temporary.display()))?;
-    // Without user xattrs on the storage file system, an interrupted
-    // create is still found by its hidden temporary name until the rename.
-    if let Err(e) =
-        xattr::FileExt::set_xattr(&file, CREATING_MARK, volume.id.to_string().as_bytes())
-    {
-        tracing::debug!("cannot mark {} as being created: {e}", temporary.display());
-    }
+    set_creating_mark(&file, &volume.id);
     allocate(&file, volume.size, volume.preallocated)
         .with_context(|| format!("sizing {}", temporary.display()))?;
     crashpoint::here("create:after-allocate");

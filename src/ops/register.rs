@@ -53,7 +53,8 @@ impl Report for RegisterReport {
 
 pub fn register(root: &SystemRoot, request: &RegisterRequest) -> Result<RegisterReport> {
     let registry = Registry::open(root.clone());
-    check_path(&request.path, registry.config()).map_err(anyhow::Error::msg)?;
+    let config = registry.provisioning_config()?;
+    check_path(&request.path, config).map_err(anyhow::Error::msg)?;
     let id = request.uuid;
     let report = |changed, volume: &Volume| RegisterReport {
         changed,
@@ -97,11 +98,12 @@ pub fn register(root: &SystemRoot, request: &RegisterRequest) -> Result<Register
         mode: request.mode.clone(),
         enabled: true,
         read_only: false,
-        direct_io: registry.config().direct_io,
+        direct_io: config.direct_io,
         preallocated: false,
         name: request.name.clone(),
         sector_size: crate::registry::DEFAULT_SECTOR_SIZE,
     };
+    volume.validate()?;
     registry.put(&volume)?;
     Ok(report(true, &volume))
 }
