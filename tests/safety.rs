@@ -156,29 +156,31 @@ fn an_attach_racing_remove_delete_data_never_binds_the_deleted_file() {
     assert!(attach.stderr.contains("not registered"), "{}", attach.stderr);
 }
 
-/// Holds the per-volume lock the way another sparse-volume would.
+/// Holds the per-volume lock the way another sparse-volume would, until
+/// the returned shell's stdin is closed.
 fn hold_volume_lock(fx: &Fixture, uuid: &str) -> std::process::Child {
     let lock = fx.host(&format!("/run/sparse-volume/{uuid}.lock"));
     fs::create_dir_all(lock.parent().unwrap()).unwrap();
-    let holder = Command::new("flock")
+    let mut holder = Command::new("sh")
+        .args(["-c", "exec 9>\"$1\" && flock 9 && echo locked && read _", "sh"])
         .arg(&lock)
-        .args(["sleep", "30"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
         .spawn()
         .unwrap();
-    // flock(1) creates the file and then blocks in sleep; wait for that.
-    for _ in 0..100 {
-        let busy = Command::new("flock")
-            .args(["-n"])
-            .arg(&lock)
-            .arg("true")
-            .status()
-            .unwrap();
-        if !busy.success() {
-            return holder;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    panic!("the lock holder never took the lock");
+    let mut line = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(holder.stdout.as_mut().unwrap()),
+        &mut line,
+    )
+    .unwrap();
+    assert_eq!(line.trim(), "locked");
+    holder
+}
+
+fn release(mut holder: std::process::Child) {
+    drop(holder.stdin.take());
+    holder.wait().unwrap();
 }
 
 /// Spawns `args` and reports whether it was still waiting after a while.
@@ -200,11 +202,10 @@ fn resize_and_repair_wait_for_the_volume_lock() {
     let uuid = new_uuid();
     fx.run_ok(&["create", "--size", "16M", "--uuid", &uuid]);
 
-    let mut holder = hold_volume_lock(&fx, &uuid);
+    let holder = hold_volume_lock(&fx, &uuid);
     let (waited, mut resize) = waits_for_the_lock(&fx, &["resize", &uuid, "--size", "32M"]);
     let size_meanwhile = fs::metadata(fx.backing(&uuid)).unwrap().len();
-    holder.kill().unwrap();
-    holder.wait().unwrap();
+    release(holder);
     assert!(resize.wait().unwrap().success());
     assert!(waited, "resize ran while another process held the volume lock");
     assert_eq!(size_meanwhile, 16 << 20, "the file grew under a held lock");
@@ -213,11 +214,10 @@ fn resize_and_repair_wait_for_the_volume_lock() {
     let file = fx.backing(&uuid);
     tool("losetup", &["-f", file.to_str().unwrap()]);
     tool("losetup", &["-f", file.to_str().unwrap()]);
-    let mut holder = hold_volume_lock(&fx, &uuid);
+    let holder = hold_volume_lock(&fx, &uuid);
     let (waited, mut repair) = waits_for_the_lock(&fx, &["check", "--repair"]);
     let devices_meanwhile = loops_of(&file).len();
-    holder.kill().unwrap();
-    holder.wait().unwrap();
+    release(holder);
     repair.wait().unwrap();
     assert!(waited, "check --repair detached while the volume lock was held");
     assert_eq!(devices_meanwhile, 2);
@@ -420,13 +420,16 @@ fn non_root_gets_one_clear_line_and_can_still_read() {
     assert_eq!(create.code, 1);
     assert!(create.stderr.contains("needs root"), "{}", create.stderr);
     assert_eq!(create.stderr.lines().count(), 1, "{}", create.stderr);
-    for args in [&["list"][..], &["status", &uuid], &["check"]] {
+    let device = device_of(&fx.run_ok(&["attach", &uuid, "--json"]));
+    for args in [&["list"][..], &["status", &uuid]] {
         let run = run_as_nobody(&fx, args);
-        assert!(
-            !run.stderr.contains("Permission denied") && !run.stderr.contains("needs root"),
-            "{args:?}: {}",
-            run.stderr
-        );
-        assert!(!run.stdout.is_empty(), "{args:?} printed nothing: {}", run.stderr);
+        assert!(!run.stderr.contains("Permission denied"), "{args:?}: {}", run.stderr);
+        assert!(run.stdout.contains(&device), "{args:?} misses the device: {}", run.stdout);
     }
+    // The data is root's (0600): the audit says so, and still sees the device.
+    let check = run_as_nobody(&fx, &["check"]);
+    assert_eq!(check.code, 0, "{}{}", check.stdout, check.stderr);
+    assert!(check.stdout.contains("needs root"), "{}", check.stdout);
+    assert!(!check.stdout.contains("not-attached"), "{}", check.stdout);
+    fx.run_ok(&["detach", &uuid]);
 }

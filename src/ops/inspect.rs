@@ -183,7 +183,7 @@ pub fn inspect(root: &SystemRoot, volume: &Volume, unit_lookup: UnitLookup) -> V
 /// directory may not even be searchable); for the devices we cannot open,
 /// the kernel's record of the backing file's path in sysfs (readable by
 /// anyone, and what `losetup` shows unprivileged users too) has to do.
-fn attached_devices(host_path: &Path) -> anyhow::Result<Vec<u32>> {
+pub(super) fn attached_devices(host_path: &Path) -> anyhow::Result<Vec<u32>> {
     if let Ok(by_inode) = devices_backed_by(host_path) {
         if !by_inode.is_empty() {
             return Ok(by_inode);
