@@ -14,8 +14,8 @@ use anyhow::{bail, Context, Result};
 use nix::sys::statvfs::statvfs;
 use serde::Serialize;
 
-use crate::registry::{Config, Registry, Reserve, Volume};
 use crate::paths::CONFIG_FILE;
+use crate::registry::{Config, Registry, Reserve, Volume};
 use crate::size::format_size;
 use crate::volume_id::VolumeId;
 

@@ -219,7 +219,10 @@ fn start_and_repair_bring_back_a_device_detached_behind_an_active_unit() {
     let uuid = world.volume(true);
     world.run_ok(&["start", &uuid]);
     world.run_ok(&["detach", &uuid]);
-    assert_eq!(world.stub.unit(&unit(&uuid)).unwrap().active_state, "active");
+    assert_eq!(
+        world.stub.unit(&unit(&uuid)).unwrap().active_state,
+        "active"
+    );
 
     let started = world.run_ok(&["start", &uuid, "--json"]).json();
     assert_eq!(started["changed"], true, "{started}");
@@ -260,7 +263,10 @@ fn stop_of_a_mounted_volume_fails_with_the_reason_and_changes_nothing() {
     }
     assert_eq!(still, vec![device], "the device went away");
     assert!(enabled, "a refused disable --now still cleared the flag");
-    assert_eq!(world.stub.unit(&unit(&uuid)).unwrap().active_state, "active");
+    assert_eq!(
+        world.stub.unit(&unit(&uuid)).unwrap().active_state,
+        "active"
+    );
     world.run_ok(&["stop", &uuid]);
 }
 
@@ -273,7 +279,10 @@ fn stop_of_a_failed_unit_releases_the_device_it_left_bound() {
     world.stub.set_job_result(Some("failed"));
     assert_eq!(world.run(&["start", &uuid]).code, 1);
     world.stub.set_job_result(Some("done"));
-    assert_eq!(world.stub.unit(&unit(&uuid)).unwrap().active_state, "failed");
+    assert_eq!(
+        world.stub.unit(&unit(&uuid)).unwrap().active_state,
+        "failed"
+    );
     let stopped = world.run_ok(&["stop", &uuid, "--json"]).json();
     assert_eq!(stopped["changed"], true);
     assert!(loops_of(&world.fx.backing(&uuid)).is_empty());

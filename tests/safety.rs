@@ -58,7 +58,11 @@ fn a_name_the_parser_refuses_is_refused_before_anything_is_created() {
     assert!(run.stderr.contains("control characters"), "{}", run.stderr);
     assert_eq!(run.stderr.lines().count(), 1, "{}", run.stderr);
     assert!(!fx.registry_file(&uuid).exists());
-    assert!(storage_root_names(&fx).is_empty(), "{:?}", storage_root_names(&fx));
+    assert!(
+        storage_root_names(&fx).is_empty(),
+        "{:?}",
+        storage_root_names(&fx)
+    );
 }
 
 #[test]
@@ -75,7 +79,11 @@ fn a_non_utf8_path_is_refused_in_one_line_leaving_nothing() {
     assert_eq!(output.status.code(), Some(1), "{stderr}");
     assert!(!stderr.contains("panicked"), "{stderr}");
     assert!(stderr.contains("UTF-8"), "{stderr}");
-    assert!(storage_root_names(&fx).is_empty(), "{:?}", storage_root_names(&fx));
+    assert!(
+        storage_root_names(&fx).is_empty(),
+        "{:?}",
+        storage_root_names(&fx)
+    );
     assert!(!fx.registry_file(&uuid).exists());
 }
 
@@ -112,8 +120,14 @@ fn remove_never_deletes_a_file_that_is_not_the_volumes() {
     let run = fx.run(&["remove", &mine, "--delete-data"]);
     assert_eq!(run.code, 1, "{}", run.stdout);
     assert!(run.stderr.contains("not deleting"), "{}", run.stderr);
-    assert!(fx.backing(&neighbour).exists(), "the neighbour's data is gone");
-    assert!(fx.registry_file(&mine).exists(), "unregistered after a refusal");
+    assert!(
+        fx.backing(&neighbour).exists(),
+        "the neighbour's data is gone"
+    );
+    assert!(
+        fx.registry_file(&mine).exists(),
+        "unregistered after a refusal"
+    );
 }
 
 #[test]
@@ -153,7 +167,11 @@ fn an_attach_racing_remove_delete_data_never_binds_the_deleted_file() {
         "a loop device is bound to the deleted file: {left:?}"
     );
     assert_eq!(attach.code, 1, "attach reported success: {}", attach.stdout);
-    assert!(attach.stderr.contains("not registered"), "{}", attach.stderr);
+    assert!(
+        attach.stderr.contains("not registered"),
+        "{}",
+        attach.stderr
+    );
 }
 
 /// Holds the per-volume lock the way another sparse-volume would, until
@@ -162,7 +180,11 @@ fn hold_volume_lock(fx: &Fixture, uuid: &str) -> std::process::Child {
     let lock = fx.host(&format!("/run/sparse-volume/{uuid}.lock"));
     fs::create_dir_all(lock.parent().unwrap()).unwrap();
     let mut holder = Command::new("sh")
-        .args(["-c", "exec 9>\"$1\" && flock 9 && echo locked && read _", "sh"])
+        .args([
+            "-c",
+            "exec 9>\"$1\" && flock 9 && echo locked && read _",
+            "sh",
+        ])
         .arg(&lock)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
@@ -207,7 +229,10 @@ fn resize_and_repair_wait_for_the_volume_lock() {
     let size_meanwhile = fs::metadata(fx.backing(&uuid)).unwrap().len();
     release(holder);
     assert!(resize.wait().unwrap().success());
-    assert!(waited, "resize ran while another process held the volume lock");
+    assert!(
+        waited,
+        "resize ran while another process held the volume lock"
+    );
     assert_eq!(size_meanwhile, 16 << 20, "the file grew under a held lock");
 
     // Two devices on the file: check --repair detaches one, under the lock.
@@ -219,7 +244,10 @@ fn resize_and_repair_wait_for_the_volume_lock() {
     let devices_meanwhile = loops_of(&file).len();
     release(holder);
     repair.wait().unwrap();
-    assert!(waited, "check --repair detached while the volume lock was held");
+    assert!(
+        waited,
+        "check --repair detached while the volume lock was held"
+    );
     assert_eq!(devices_meanwhile, 2);
     assert_eq!(loops_of(&file).len(), 1);
 }
@@ -248,7 +276,11 @@ fn data_kept_by_remove_is_never_taken_for_an_interrupted_create() {
         "check --repair deleted data that remove kept: {}",
         report.stdout
     );
-    assert!(report.stdout.contains("unregistered-file"), "{}", report.stdout);
+    assert!(
+        report.stdout.contains("unregistered-file"),
+        "{}",
+        report.stdout
+    );
 }
 
 #[test]
@@ -279,11 +311,18 @@ fn a_file_named_by_an_unreadable_registry_file_is_owned() {
 
     let found = findings(&fx);
     assert!(found.contains("invalid-registry-file"), "{found}");
-    for wrong in ["unregistered-file", "unowned-loop-device", "interrupted-create"] {
+    for wrong in [
+        "unregistered-file",
+        "unowned-loop-device",
+        "interrupted-create",
+    ] {
         assert!(!found.contains(wrong), "{wrong}: {found}");
     }
     fx.run(&["check", "--repair"]);
-    assert!(fx.backing(&uuid).exists(), "check --repair deleted a live file");
+    assert!(
+        fx.backing(&uuid).exists(),
+        "check --repair deleted a live file"
+    );
     assert_eq!(loops_of(&fx.backing(&uuid)), vec![device]);
 }
 
@@ -332,7 +371,11 @@ fn unknown_keys_warn_and_keep_every_volume_working() {
         .unwrap();
     std::io::Write::write_all(&mut entry, b"frobnicate = 1\n").unwrap();
     let attached = fx.run_ok(&["attach", &uuid]);
-    assert!(attached.stderr.contains("frobnicate"), "{}", attached.stderr);
+    assert!(
+        attached.stderr.contains("frobnicate"),
+        "{}",
+        attached.stderr
+    );
     let check = fx.run(&["check", "--json"]);
     assert_eq!(check.code, 0, "{}", check.stdout);
     assert!(check.stdout.contains("unknown-key"), "{}", check.stdout);
@@ -350,7 +393,11 @@ fn a_broken_config_leaves_registered_volumes_attaching_and_stops_provisioning() 
     )
     .unwrap();
     let attached = fx.run_ok(&["attach", &uuid]);
-    assert!(attached.stderr.contains("built-in defaults"), "{}", attached.stderr);
+    assert!(
+        attached.stderr.contains("built-in defaults"),
+        "{}",
+        attached.stderr
+    );
     fx.run_ok(&["detach", &uuid]);
     let refused = fx.run(&["create", "--size", "16M"]);
     assert_eq!(refused.code, 1);
@@ -413,7 +460,15 @@ fn non_root_gets_one_clear_line_and_can_still_read() {
     let uuid = new_uuid();
     fx.run_ok(&["create", "--size", "16M", "--uuid", &uuid]);
     // Readable like /etc and /var/lib are (the data stays 0600).
-    for dir in ["", "/etc", "/etc/sparse-volume", "/etc/sparse-volume/volumes.d", "/var", "/var/lib", "/var/lib/sparse-volume"] {
+    for dir in [
+        "",
+        "/etc",
+        "/etc/sparse-volume",
+        "/etc/sparse-volume/volumes.d",
+        "/var",
+        "/var/lib",
+        "/var/lib/sparse-volume",
+    ] {
         fs::set_permissions(fx.host(dir), fs::Permissions::from_mode(0o755)).unwrap();
     }
     let create = run_as_nobody(&fx, &["create", "--size", "16M"]);
@@ -423,8 +478,16 @@ fn non_root_gets_one_clear_line_and_can_still_read() {
     let device = device_of(&fx.run_ok(&["attach", &uuid, "--json"]));
     for args in [&["list"][..], &["status", &uuid]] {
         let run = run_as_nobody(&fx, args);
-        assert!(!run.stderr.contains("Permission denied"), "{args:?}: {}", run.stderr);
-        assert!(run.stdout.contains(&device), "{args:?} misses the device: {}", run.stdout);
+        assert!(
+            !run.stderr.contains("Permission denied"),
+            "{args:?}: {}",
+            run.stderr
+        );
+        assert!(
+            run.stdout.contains(&device),
+            "{args:?} misses the device: {}",
+            run.stdout
+        );
     }
     // The data is root's (0600): the audit says so, and still sees the device.
     let check = run_as_nobody(&fx, &["check"]);

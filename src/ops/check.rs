@@ -13,8 +13,8 @@ use serde::Serialize;
 use super::Report;
 
 use super::activate::bring_up_now;
-use super::inspect::attached_devices;
 use super::detach::detach_device;
+use super::inspect::attached_devices;
 use crate::backing::open_backing_file;
 use crate::capacity;
 use crate::creating_mark::{clear_creating_mark, has_creating_mark, is_creating_name};
@@ -156,7 +156,9 @@ pub fn check(root: &SystemRoot, repair: bool) -> Result<CheckReport> {
             "invalid-config",
             None,
             Some(&problem.file),
-            format!("{problem}; registered volumes still attach, with built-in defaults for the rest"),
+            format!(
+                "{problem}; registered volumes still attach, with built-in defaults for the rest"
+            ),
         );
     }
     for warning in registry.config_warnings() {

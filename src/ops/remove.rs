@@ -134,7 +134,6 @@ fn delete_backing_file(volume: &Volume, host_path: &Path) -> Result<bool> {
             host_path.display()
         );
     }
-    std::fs::remove_file(host_path)
-        .with_context(|| format!("deleting {}", host_path.display()))?;
+    std::fs::remove_file(host_path).with_context(|| format!("deleting {}", host_path.display()))?;
     Ok(true)
 }

@@ -75,14 +75,15 @@ fn nearest(key: &str, known_keys: &[&'static str]) -> Option<&'static str> {
 /// The first line that assigns the top-level `key` (messages only: a
 /// best effort, not a TOML parser).
 fn line_of_key(text: &str, key: &str) -> Option<usize> {
-    text.lines().position(|line| {
-        let line = line.trim_start();
-        let rest = line
-            .strip_prefix(key)
-            .or_else(|| line.strip_prefix(&format!("\"{key}\"")));
-        rest.is_some_and(|rest| rest.trim_start().starts_with('='))
-    })
-    .map(|index| index + 1)
+    text.lines()
+        .position(|line| {
+            let line = line.trim_start();
+            let rest = line
+                .strip_prefix(key)
+                .or_else(|| line.strip_prefix(&format!("\"{key}\"")));
+            rest.is_some_and(|rest| rest.trim_start().starts_with('='))
+        })
+        .map(|index| index + 1)
 }
 
 #[cfg(test)]

@@ -108,14 +108,21 @@ impl Registry {
             }
         }
         files.sort();
-        Ok(files.into_iter().map(|file| self.read_entry(file)).collect())
+        Ok(files
+            .into_iter()
+            .map(|file| self.read_entry(file))
+            .collect())
     }
 
     fn read_entry(&self, file: PathBuf) -> Entry {
         let text = match fs::read_to_string(&file) {
             Ok(text) => text,
             Err(e) => {
-                let volume = Err(RegistryError::new(&file, None, format!("cannot be read: {e}")));
+                let volume = Err(RegistryError::new(
+                    &file,
+                    None,
+                    format!("cannot be read: {e}"),
+                ));
                 return Entry {
                     file,
                     volume,

@@ -445,8 +445,7 @@ mod tests {
         let volume = parse(&minimal("fs_type = \"xfs\"\nname = \"db data\"\nread_only = true\npreallocated = true\nmkfs_options = [\"-m\", \"crc=1\"]\n")).unwrap();
         assert!(volume.preallocated);
         assert_eq!(parse(&volume.to_toml().unwrap()).unwrap(), volume);
-        let block =
-            parse(&minimal("sector_size = 4096\n").replace("filesystem", "block")).unwrap();
+        let block = parse(&minimal("sector_size = 4096\n").replace("filesystem", "block")).unwrap();
         assert_eq!(block.mode, Mode::Block);
         assert_eq!(block.sector_size, 4096);
         assert_eq!(parse(&block.to_toml().unwrap()).unwrap(), block);
@@ -551,7 +550,8 @@ mod tests {
     fn a_path_outside_every_storage_root_still_reads() {
         // Containment is for create and register; a registered volume
         // must not vanish because config.toml changed or was purged.
-        let volume = parse(&minimal("").replace("/var/lib/sparse-volume", "/srv/elsewhere")).unwrap();
+        let volume =
+            parse(&minimal("").replace("/var/lib/sparse-volume", "/srv/elsewhere")).unwrap();
         assert!(check_path(&volume.path, &Config::default()).is_err());
     }
 
