@@ -4,7 +4,8 @@ use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
-use crate::registry::{FsType, Mode};
+use crate::ops::register::RegisterMode;
+use crate::registry::{FsType, Mode, SECTOR_SIZES};
 use crate::size::parse_size;
 use crate::volume_id::VolumeId;
 
@@ -44,12 +45,16 @@ pub enum Command {
         path: PathBuf,
         #[arg(long, value_enum, default_value_t = ModeArg::Filesystem)]
         mode: ModeArg,
-        /// File system type (filesystem mode).
+        /// File system type (filesystem mode); detected when omitted.
         #[arg(long = "fs", value_enum)]
         fs_type: Option<FsType>,
         /// Free-text label.
         #[arg(long)]
         name: Option<String>,
+        /// Logical sector size (512 or 4096); detected from the content
+        /// when omitted, refused when the content does not read with it.
+        #[arg(long, value_parser = parse_sector_size)]
+        sector_size: Option<u32>,
     },
     /// Detach and unregister a volume; keeps its data unless asked.
     Remove {
@@ -134,6 +139,10 @@ pub struct CreateArgs {
     /// Reserve the space now (fallocate) instead of a sparse file.
     #[arg(long)]
     pub preallocate: bool,
+    /// Logical sector size, 512 or 4096 (default: the storage device's).
+    /// Smaller than the storage device's sectors means no direct I/O.
+    #[arg(long, value_parser = parse_sector_size)]
+    pub sector_size: Option<u32>,
     /// Extra option passed to mkfs (repeatable).
     #[arg(long = "mkfs-option", allow_hyphen_values = true)]
     pub mkfs_options: Vec<String>,
@@ -169,10 +178,29 @@ impl ModeArg {
             ModeArg::Block => Ok(Mode::Block),
         }
     }
+
+    /// Like [`ModeArg::to_mode`], but an omitted `--fs` stays open: register
+    /// reads the type from the file.
+    pub fn to_register_mode(self, fs_type: Option<FsType>) -> Result<RegisterMode, String> {
+        match self {
+            ModeArg::Filesystem => Ok(RegisterMode::Filesystem(fs_type)),
+            ModeArg::Block if fs_type.is_some() => {
+                Err("--fs is only valid with --mode filesystem".into())
+            }
+            ModeArg::Block => Ok(RegisterMode::Block),
+        }
+    }
 }
 
 fn parse_size_arg(text: &str) -> Result<u64, String> {
     parse_size(text)
+}
+
+fn parse_sector_size(text: &str) -> Result<u32, String> {
+    text.parse()
+        .ok()
+        .filter(|size| SECTOR_SIZES.contains(size))
+        .ok_or_else(|| format!("{text:?} is not a supported sector size (512 or 4096)"))
 }
 
 impl Command {

@@ -83,6 +83,29 @@ impl ExclusiveLock {
     }
 }
 
+/// The logical block size of the block device under the file system that
+/// holds `path` (or its nearest existing ancestor, for a file not made
+/// yet), from sysfs. `None` when no block device is behind it (tmpfs,
+/// overlay, network and btrfs file systems show anonymous device numbers):
+/// the caller decides the default.
+pub fn backing_logical_block_size(path: &Path) -> Option<u32> {
+    let meta = path.ancestors().find_map(|p| fs::metadata(p).ok())?;
+    let dev = std::os::unix::fs::MetadataExt::dev(&meta);
+    let (major, minor) = (nix::sys::stat::major(dev), nix::sys::stat::minor(dev));
+    let device = fs::canonicalize(format!("/sys/dev/block/{major}:{minor}")).ok()?;
+    // A partition has no queue of its own: its disk's sector size applies.
+    let disk = if device.join("partition").exists() {
+        device.parent()?.to_path_buf()
+    } else {
+        device
+    };
+    fs::read_to_string(disk.join("queue/logical_block_size"))
+        .ok()?
+        .trim()
+        .parse()
+        .ok()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -101,6 +124,20 @@ mod tests {
             .map(|e| e.unwrap().file_name())
             .collect();
         assert_eq!(names, vec![std::ffi::OsString::from("v.toml")]);
+    }
+
+    #[test]
+    fn logical_block_size_of_a_real_file_system() {
+        // Wherever the tests run, a size is a power of two ≥ 512 or unknown.
+        let dir = tempfile::tempdir().unwrap();
+        let missing = dir.path().join("not/yet/made");
+        let size = backing_logical_block_size(&missing);
+        assert_eq!(size, backing_logical_block_size(dir.path()));
+        assert!(
+            size.is_none_or(|s| s >= 512 && s.is_power_of_two()),
+            "{size:?}"
+        );
+        assert_eq!(backing_logical_block_size(Path::new("/proc/self")), None);
     }
 
     #[test]

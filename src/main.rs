@@ -45,13 +45,15 @@ fn main() -> ExitCode {
             mode,
             fs_type,
             name,
-        } => match mode.to_mode(*fs_type, Vec::new()) {
+            sector_size,
+        } => match mode.to_register_mode(*fs_type) {
             Ok(mode) => {
                 let request = register::RegisterRequest {
                     uuid: *uuid,
                     path: path.clone(),
                     mode,
                     name: name.clone(),
+                    sector_size: *sector_size,
                 };
                 out.emit(
                     register::register(&root, &request),
@@ -132,6 +134,7 @@ fn create_request(args: &CreateArgs) -> Result<create::CreateRequest, String> {
         name: args.name.clone(),
         path: args.path.clone(),
         preallocate: args.preallocate,
+        sector_size: args.sector_size,
         now: args.now,
     })
 }

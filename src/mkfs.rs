@@ -36,14 +36,18 @@ where
     Ok(())
 }
 
-/// Makes a file system whose UUID is the volume UUID. Discards are off:
-/// on a file they punch holes, which would undo a preallocation. ext4 gets
-/// 4 KiB blocks even when small: volumes are made to grow, and current
-/// kernels refuse to grow 1 KiB-block ext4 online.
+/// Makes a file system whose UUID is the volume UUID, for a device with
+/// `sector_size`-byte logical sectors. Discards are off: on a file they
+/// punch holes, which would undo a preallocation. ext4 gets 4 KiB blocks
+/// even when small: volumes are made to grow, current kernels refuse to
+/// grow 1 KiB-block ext4 online, and 4 KiB blocks mount on 512- and
+/// 4096-byte sectors alike. xfs is told the sector size: on a file it
+/// cannot see the device it will be mounted from.
 pub fn make_filesystem(
     target: &Path,
     fs_type: FsType,
     uuid: Uuid,
+    sector_size: u32,
     options: &[String],
 ) -> Result<()> {
     let uuid = uuid.hyphenated().to_string();
@@ -56,9 +60,16 @@ pub fn make_filesystem(
         ),
         FsType::Xfs => (
             "mkfs.xfs",
-            ["-q", "-K", "-m", &format!("uuid={uuid}")]
-                .map(OsString::from)
-                .into(),
+            [
+                "-q",
+                "-K",
+                "-m",
+                &format!("uuid={uuid}"),
+                "-s",
+                &format!("size={sector_size}"),
+            ]
+            .map(OsString::from)
+            .into(),
         ),
     };
     args.extend(options.iter().map(OsString::from));

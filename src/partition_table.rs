@@ -11,36 +11,50 @@ use gpt::partition::Partition;
 use gpt::partition_types;
 use uuid::Uuid;
 
-const SECTOR: u64 = 512;
+use crate::registry::SECTOR_SIZES;
+
 /// 1 MiB, where every partitioning tool starts the first partition.
-const ALIGNMENT_SECTORS: u64 = 2048;
+const ALIGNMENT_BYTES: u64 = 1 << 20;
 const PARTITION_NAME: &str = "sparse-volume";
 
-/// The partition as the table describes it, in 512-byte sectors.
+/// The partition as the table describes it, in sectors of `sector_size`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PartitionExtent {
     pub first_sector: u64,
     pub last_sector: u64,
+    pub sector_size: u32,
 }
 
 impl PartitionExtent {
     pub fn start_bytes(&self) -> u64 {
-        self.first_sector * SECTOR
+        self.first_sector * u64::from(self.sector_size)
     }
 
     pub fn length_bytes(&self) -> u64 {
-        (self.last_sector - self.first_sector + 1) * SECTOR
+        (self.last_sector - self.first_sector + 1) * u64::from(self.sector_size)
     }
 }
 
-fn config() -> gpt::GptConfig {
-    gpt::GptConfig::new()
-        .writable(true)
-        .logical_block_size(LogicalBlockSize::Lb512)
+/// A GPT's LBAs are logical sectors of the disk it is read on: a table
+/// written for 512-byte sectors is invisible on a 4096-byte device.
+fn block_size(sector_size: u32) -> Result<LogicalBlockSize> {
+    match sector_size {
+        512 => Ok(LogicalBlockSize::Lb512),
+        4096 => Ok(LogicalBlockSize::Lb4096),
+        other => bail!("{other}-byte sectors are not supported (512 or 4096)"),
+    }
 }
 
-fn protective_mbr(size_bytes: u64) -> ProtectiveMBR {
-    let sectors = (size_bytes / SECTOR).saturating_sub(1);
+fn config(sector_size: u32) -> Result<gpt::GptConfig> {
+    Ok(gpt::GptConfig::new()
+        .writable(true)
+        .logical_block_size(block_size(sector_size)?))
+}
+
+/// The protective MBR covers the disk in its own sectors (capped, as the
+/// UEFI spec asks, at what 32 bits hold).
+fn protective_mbr(size_bytes: u64, sector_size: u32) -> ProtectiveMBR {
+    let sectors = (size_bytes / u64::from(sector_size)).saturating_sub(1);
     ProtectiveMBR::with_lb_size(u32::try_from(sectors).unwrap_or(u32::MAX))
 }
 
@@ -48,23 +62,24 @@ fn gpt_error(what: &str) -> impl FnOnce(gpt::GptError) -> anyhow::Error + '_ {
     move |e| anyhow!("{what}: {e}")
 }
 
-/// Writes a new table on an all-zero file of its final size.
-pub fn write_new(file: &File, volume: Uuid) -> Result<PartitionExtent> {
+/// Writes a new table for `sector_size`-byte sectors on an all-zero file of
+/// its final size.
+pub fn write_new(file: &File, volume: Uuid, sector_size: u32) -> Result<PartitionExtent> {
     let size = file
         .metadata()
         .context("inspecting the new backing file")?
         .len();
-    let mut device = file;
-    protective_mbr(size)
-        .overwrite_lba0(&mut device)
-        .map_err(|e| anyhow!("writing the protective MBR: {e}"))?;
-    let mut disk = config()
+    let mut disk = config(sector_size)?
         .create_from_device(file, None)
         .map_err(gpt_error("creating the GPT"))?;
+    let mut device = file;
+    protective_mbr(size, sector_size)
+        .overwrite_lba0(&mut device)
+        .map_err(|e| anyhow!("writing the protective MBR: {e}"))?;
     let first = disk
         .header()
         .first_usable
-        .next_multiple_of(ALIGNMENT_SECTORS);
+        .next_multiple_of(ALIGNMENT_BYTES / u64::from(sector_size));
     let last = disk.header().last_usable;
     if first > last {
         bail!("{size} bytes is too small for a partition table");
@@ -83,18 +98,19 @@ pub fn write_new(file: &File, volume: Uuid) -> Result<PartitionExtent> {
     Ok(PartitionExtent {
         first_sector: first,
         last_sector: last,
+        sector_size,
     })
 }
 
 /// After the file grew: moves the backup GPT to the new end and extends
 /// partition 1 (which must carry `volume`) to the last usable sector.
 /// Data stays where it is: only the partition's end moves.
-pub fn grow_to_end(file: &File, volume: Uuid) -> Result<PartitionExtent> {
+pub fn grow_to_end(file: &File, volume: Uuid, sector_size: u32) -> Result<PartitionExtent> {
     let size = file
         .metadata()
         .context("inspecting the backing file")?
         .len();
-    let mut disk = config()
+    let mut disk = config(sector_size)?
         .open_from_device(file)
         .map_err(gpt_error("reading the GPT"))?;
     let mut partitions = disk.partitions().clone();
@@ -124,22 +140,32 @@ pub fn grow_to_end(file: &File, volume: Uuid) -> Result<PartitionExtent> {
         .map_err(gpt_error("extending the partition"))?;
     disk.write_inplace().map_err(gpt_error("writing the GPT"))?;
     let mut device = file;
-    protective_mbr(size)
+    protective_mbr(size, sector_size)
         .overwrite_lba0(&mut device)
         .map_err(|e| anyhow!("writing the protective MBR: {e}"))?;
     Ok(PartitionExtent {
         first_sector: partition.first_lba,
         last_sector: last,
+        sector_size,
     })
 }
 
-/// The GPT in `file` (a backing file or a loop device), read only.
-pub fn read(file: &File) -> Option<gpt::GptDisk<&File>> {
+/// The GPT in `file` (a backing file or a loop device) read with
+/// `sector_size`-byte LBAs, read only.
+pub fn read(file: &File, sector_size: u32) -> Option<gpt::GptDisk<&File>> {
     gpt::GptConfig::new()
         .writable(false)
-        .logical_block_size(LogicalBlockSize::Lb512)
+        .logical_block_size(block_size(sector_size).ok()?)
         .open_from_device(file)
         .ok()
+}
+
+/// The GPT in `file` at whichever sector size it was written for (512
+/// tried first), with that size.
+pub fn read_any(file: &File) -> Option<(gpt::GptDisk<&File>, u32)> {
+    SECTOR_SIZES
+        .into_iter()
+        .find_map(|size| read(file, size).map(|disk| (disk, size)))
 }
 
 #[cfg(test)]
@@ -148,8 +174,8 @@ mod tests {
     use std::process::Command;
 
     /// Partition 1 of the table in `file`, if it carries `volume`.
-    fn volume_partition(file: &File, volume: Uuid) -> Option<PartitionExtent> {
-        let disk = read(file)?;
+    fn volume_partition(file: &File, volume: Uuid, sector_size: u32) -> Option<PartitionExtent> {
+        let disk = read(file, sector_size)?;
         let partition = disk
             .partitions()
             .get(&1)
@@ -157,7 +183,21 @@ mod tests {
         Some(PartitionExtent {
             first_sector: partition.first_lba,
             last_sector: partition.last_lba,
+            sector_size,
         })
+    }
+
+    fn sized_file(dir: &tempfile::TempDir, size: u64) -> (std::path::PathBuf, File) {
+        let path = dir.path().join("disk");
+        let file = File::options()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&path)
+            .unwrap();
+        file.set_len(size).unwrap();
+        (path, file)
     }
 
     fn sgdisk(args: &[&str], file: &std::path::Path) -> String {
@@ -177,19 +217,13 @@ mod tests {
     #[test]
     fn new_table_is_valid_for_sgdisk_and_grows() {
         let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("disk");
-        let file = File::options()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .open(&path)
-            .unwrap();
-        file.set_len(32 << 20).unwrap();
+        let (path, file) = sized_file(&dir, 32 << 20);
         let volume = Uuid::new_v4();
-        let extent = write_new(&file, volume).unwrap();
+        let extent = write_new(&file, volume, 512).unwrap();
         assert_eq!(extent.first_sector, 2048);
-        assert_eq!(volume_partition(&file, volume), Some(extent));
+        assert_eq!(extent.start_bytes(), 1 << 20);
+        assert_eq!(volume_partition(&file, volume, 512), Some(extent));
+        assert!(read(&file, 4096).is_none());
         assert!(sgdisk(&["-v"], &path).contains("No problems found"));
         let info = sgdisk(&["-i", "1"], &path);
         assert!(
@@ -198,7 +232,7 @@ mod tests {
         );
 
         file.set_len(64 << 20).unwrap();
-        let grown = grow_to_end(&file, volume).unwrap();
+        let grown = grow_to_end(&file, volume, 512).unwrap();
         assert_eq!(grown.first_sector, extent.first_sector);
         assert!(grown.last_sector > extent.last_sector + 60_000);
         assert!(
@@ -206,7 +240,43 @@ mod tests {
             "{}",
             sgdisk(&["-v"], &path)
         );
-        assert_eq!(volume_partition(&file, volume), Some(grown));
-        assert!(grow_to_end(&file, Uuid::new_v4()).is_err());
+        assert_eq!(volume_partition(&file, volume, 512), Some(grown));
+        assert!(grow_to_end(&file, Uuid::new_v4(), 512).is_err());
+    }
+
+    /// sgdisk reads a file as 512-byte sectors, so the 4096-byte layout is
+    /// checked here by the numbers and through a 4K loop device in
+    /// tests/sector_size.rs.
+    #[test]
+    fn tables_for_4096_byte_sectors_align_to_1_mib_and_grow() {
+        let dir = tempfile::tempdir().unwrap();
+        let (_, file) = sized_file(&dir, 32 << 20);
+        let volume = Uuid::new_v4();
+        let extent = write_new(&file, volume, 4096).unwrap();
+        // Backup header plus 16 KiB of entries: 5 sectors at the end.
+        let sectors = (32 << 20) / 4096;
+        assert_eq!(
+            (extent.first_sector, extent.last_sector),
+            (256, sectors - 6)
+        );
+        assert_eq!(extent.start_bytes(), 1 << 20);
+        assert_eq!(extent.length_bytes(), (sectors - 6 - 255) * 4096);
+        assert!(read(&file, 512).is_none());
+        let (_, found) = read_any(&file).unwrap();
+        assert_eq!(found, 4096);
+        assert_eq!(volume_partition(&file, volume, 4096), Some(extent));
+        let mut mbr = [0u8; 512];
+        std::os::unix::fs::FileExt::read_exact_at(&file, &mut mbr, 0).unwrap();
+        // Partition record 1: type 0xEE, size in 4096-byte sectors.
+        assert_eq!(mbr[446 + 4], 0xEE);
+        let mbr_sectors = u32::from_le_bytes(mbr[446 + 12..446 + 16].try_into().unwrap());
+        assert_eq!(u64::from(mbr_sectors), sectors - 1);
+
+        file.set_len(64 << 20).unwrap();
+        let grown = grow_to_end(&file, volume, 4096).unwrap();
+        assert_eq!(grown.first_sector, 256);
+        assert_eq!(grown.last_sector, (64 << 20) / 4096 - 6);
+        assert_eq!(volume_partition(&file, volume, 4096), Some(grown));
+        assert!(write_new(&file, volume, 1024).is_err());
     }
 }

@@ -16,10 +16,16 @@ pub enum Content {
     Filesystem {
         fs_type: FsType,
         uuid: Uuid,
+        /// The largest logical sector size it mounts on: ext4's block
+        /// size, xfs's sector size (`sb_sectsize`).
+        max_sector_size: u32,
     },
     /// A GPT; `partitions` are (number, unique partition GUID).
     PartitionTable {
         partitions: Vec<(u32, Uuid)>,
+        /// The sector size its LBAs count in: it is seen only on a device
+        /// with exactly these sectors.
+        sector_size: u32,
     },
     /// No signature we know (which is not proof of emptiness).
     Unrecognised,
@@ -28,14 +34,66 @@ pub enum Content {
 impl Content {
     pub fn describe(&self) -> String {
         match self {
-            Content::Filesystem { fs_type, uuid } => {
+            Content::Filesystem { fs_type, uuid, .. } => {
                 format!("an {fs_type} file system with UUID {uuid}")
             }
-            Content::PartitionTable { partitions } => match partitions.first() {
+            Content::PartitionTable { partitions, .. } => match partitions.first() {
                 Some((number, guid)) => format!("a GPT whose partition {number} has GUID {guid}"),
                 None => "a GPT without partitions".to_string(),
             },
             Content::Unrecognised => "no recognised file system or partition table".to_string(),
+        }
+    }
+
+    /// Whether it reads on a loop device with `sector_size`-byte sectors.
+    pub fn works_with_sector_size(&self, sector_size: u32) -> bool {
+        match self {
+            Content::Filesystem {
+                max_sector_size, ..
+            } => sector_size <= *max_sector_size,
+            Content::PartitionTable {
+                sector_size: own, ..
+            } => sector_size == *own,
+            Content::Unrecognised => true,
+        }
+    }
+
+    /// The sector sizes it reads with, in words, for refusals.
+    pub fn sector_requirement(&self) -> String {
+        match self {
+            Content::Filesystem {
+                fs_type,
+                max_sector_size,
+                ..
+            } => format!(
+                "an {fs_type} file system that needs sectors of at most {max_sector_size} bytes"
+            ),
+            Content::PartitionTable { sector_size, .. } => {
+                format!("a GPT written for {sector_size}-byte sectors")
+            }
+            Content::Unrecognised => "no recognised content".to_string(),
+        }
+    }
+
+    /// The sector size adopted content was made for, given the logical
+    /// block size of the device under the backing file: a GPT's own; xfs's
+    /// `sb_sectsize` (4096 when it is that large, else 512); ext4 works on
+    /// 512 with any block size, so 4096 only when its blocks and the
+    /// backing device both are, which keeps direct I/O possible there.
+    pub fn preferred_sector_size(&self, backing_block_size: u32) -> u32 {
+        match self {
+            Content::PartitionTable { sector_size, .. } => *sector_size,
+            Content::Filesystem {
+                fs_type: FsType::Xfs,
+                max_sector_size,
+                ..
+            } if *max_sector_size >= 4096 => 4096,
+            Content::Filesystem {
+                fs_type: FsType::Ext4,
+                max_sector_size,
+                ..
+            } if *max_sector_size >= 4096 && backing_block_size >= 4096 => 4096,
+            _ => 512,
         }
     }
 }
@@ -49,9 +107,12 @@ pub fn identifies(content: &Content, mode: &Mode, uuid: Uuid) -> bool {
             Content::Filesystem {
                 fs_type: found,
                 uuid: found_uuid,
+                ..
             },
         ) => fs_type == found && *found_uuid == uuid,
-        (Mode::Block, Content::PartitionTable { partitions }) => partitions.contains(&(1, uuid)),
+        (Mode::Block, Content::PartitionTable { partitions, .. }) => {
+            partitions.contains(&(1, uuid))
+        }
         _ => false,
     }
 }
@@ -65,11 +126,14 @@ pub fn expected_content(mode: &Mode, uuid: Uuid) -> String {
 }
 
 const EXT_SUPERBLOCK: u64 = 1024;
+const EXT_LOG_BLOCK_SIZE_OFFSET: usize = 0x18;
 const EXT_MAGIC_OFFSET: usize = 0x38;
 const EXT_UUID_OFFSET: usize = 0x68;
 const EXT_MAGIC: u16 = 0xEF53;
 const XFS_MAGIC: &[u8; 4] = b"XFSB";
 const XFS_UUID_OFFSET: usize = 32;
+/// `sb_sectsize`, big-endian u16.
+const XFS_SECTSIZE_OFFSET: usize = 102;
 
 /// Reads the signatures at the start of `file` (a regular file or a block
 /// device; both are read the same way).
@@ -85,10 +149,14 @@ fn probe_filesystem(file: &File) -> Result<Option<Content>> {
     let length = read_up_to(file, &mut head, 0)?;
     let head = &head[..length];
 
-    if head.len() >= XFS_UUID_OFFSET + 16 && &head[..4] == XFS_MAGIC {
+    if head.len() >= XFS_SECTSIZE_OFFSET + 2 && &head[..4] == XFS_MAGIC {
+        let sector_size =
+            u16::from_be_bytes([head[XFS_SECTSIZE_OFFSET], head[XFS_SECTSIZE_OFFSET + 1]]);
         return Ok(Some(Content::Filesystem {
             fs_type: FsType::Xfs,
             uuid: uuid_at(head, XFS_UUID_OFFSET),
+            // A damaged value: assume the smallest, which xfs always reads.
+            max_sector_size: u32::from(sector_size).max(512),
         }));
     }
     let superblock = EXT_SUPERBLOCK as usize;
@@ -96,9 +164,18 @@ fn probe_filesystem(file: &File) -> Result<Option<Content>> {
         let ext = &head[superblock..];
         let magic = u16::from_le_bytes([ext[EXT_MAGIC_OFFSET], ext[EXT_MAGIC_OFFSET + 1]]);
         if magic == EXT_MAGIC {
+            let offset = EXT_LOG_BLOCK_SIZE_OFFSET;
+            let log = u32::from_le_bytes([
+                ext[offset],
+                ext[offset + 1],
+                ext[offset + 2],
+                ext[offset + 3],
+            ]);
             return Ok(Some(Content::Filesystem {
                 fs_type: FsType::Ext4,
                 uuid: uuid_at(ext, EXT_UUID_OFFSET),
+                // Block size 1024 << s_log_block_size (at most 64 KiB).
+                max_sector_size: 1024u32.checked_shl(log.min(6)).unwrap_or(1024),
             }));
         }
     }
@@ -114,14 +191,17 @@ fn uuid_at(buffer: &[u8], offset: usize) -> Uuid {
 /// GPT headers store GUIDs in mixed-endian form; the `gpt` crate decodes
 /// them into the same `Uuid` that udev prints in `by-partuuid`.
 fn probe_gpt(file: &File) -> Option<Content> {
-    let disk = partition_table::read(file)?;
+    let (disk, sector_size) = partition_table::read_any(file)?;
     let partitions = disk
         .partitions()
         .iter()
         .filter(|(_, p)| p.is_used())
         .map(|(number, p)| (*number, p.part_guid))
         .collect();
-    Some(Content::PartitionTable { partitions })
+    Some(Content::PartitionTable {
+        partitions,
+        sector_size,
+    })
 }
 
 fn read_up_to(file: &File, buffer: &mut [u8], offset: u64) -> Result<usize> {
@@ -159,29 +239,69 @@ mod tests {
     fn reads_ext4_identity() {
         let uuid = Uuid::parse_str(UUID).unwrap();
         let file = file_with(
-            &[(1024 + 0x38, &[0x53, 0xEF]), (1024 + 0x68, uuid.as_bytes())],
+            &[
+                (1024 + 0x18, &[2, 0, 0, 0]),
+                (1024 + 0x38, &[0x53, 0xEF]),
+                (1024 + 0x68, uuid.as_bytes()),
+            ],
             8192,
         );
+        let content = probe(&file).unwrap();
         assert_eq!(
-            probe(&file).unwrap(),
+            content,
             Content::Filesystem {
                 fs_type: FsType::Ext4,
-                uuid
+                uuid,
+                max_sector_size: 4096,
             }
         );
+        assert!(content.works_with_sector_size(512) && content.works_with_sector_size(4096));
+        assert_eq!(content.preferred_sector_size(512), 512);
+        assert_eq!(content.preferred_sector_size(4096), 4096);
     }
 
     #[test]
     fn reads_xfs_identity() {
         let uuid = Uuid::parse_str(UUID).unwrap();
-        let file = file_with(&[(0, b"XFSB"), (32, uuid.as_bytes())], 8192);
+        let file = file_with(&[(0, b"XFSB"), (32, uuid.as_bytes()), (102, &[2, 0])], 8192);
+        let content = probe(&file).unwrap();
         assert_eq!(
-            probe(&file).unwrap(),
+            content,
             Content::Filesystem {
                 fs_type: FsType::Xfs,
-                uuid
+                uuid,
+                max_sector_size: 512,
             }
         );
+        assert!(!content.works_with_sector_size(4096));
+        assert_eq!(content.preferred_sector_size(4096), 512);
+        let file = file_with(
+            &[(0, b"XFSB"), (32, uuid.as_bytes()), (102, &[16, 0])],
+            8192,
+        );
+        assert_eq!(probe(&file).unwrap().preferred_sector_size(512), 4096);
+    }
+
+    #[test]
+    fn finds_a_gpt_at_either_sector_size() {
+        let uuid = Uuid::parse_str(UUID).unwrap();
+        for sector_size in [512, 4096] {
+            let file = tempfile::tempfile().unwrap();
+            file.set_len(8 << 20).unwrap();
+            partition_table::write_new(&file, uuid, sector_size).unwrap();
+            let content = probe(&file).unwrap();
+            assert_eq!(
+                content,
+                Content::PartitionTable {
+                    partitions: vec![(1, uuid)],
+                    sector_size
+                }
+            );
+            assert!(identifies(&content, &Mode::Block, uuid));
+            assert!(content.works_with_sector_size(sector_size));
+            assert!(!content.works_with_sector_size(4608 - sector_size));
+            assert_eq!(content.preferred_sector_size(512), sector_size);
+        }
     }
 
     #[test]

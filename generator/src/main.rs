@@ -5,8 +5,9 @@
 //! It reads the registry's text and nothing else (no backing file, no
 //! device, no D-Bus: `/var` may not even be mounted yet), and it never
 //! fails the boot because of the registry: a bad volume file is logged and
-//! skipped, a bad `config.toml` is logged and nothing is generated. Only
-//! failing to write the output directory is an error.
+//! skipped, a bad `config.toml` is logged and the built-in defaults apply,
+//! unknown keys are logged and ignored. Only failing to write the output
+//! directory is an error.
 
 mod escape;
 mod kmsg;
@@ -73,13 +74,13 @@ fn generate(normal_dir: &Path) -> ExitCode {
     let root = SystemRoot::from_env();
     let log = Kmsg::open(root.is_overridden());
 
-    let registry = match Registry::open(root) {
-        Ok(registry) => registry,
-        Err(e) => {
-            log.error(&format!("{e}; no volume units generated"));
-            return ExitCode::SUCCESS;
-        }
-    };
+    let registry = Registry::open(root);
+    if let Some(problem) = registry.config_problem() {
+        log.warning(&format!("{problem}; using built-in defaults"));
+    }
+    for warning in registry.config_warnings() {
+        log.warning(&warning.to_string());
+    }
     let entries = match registry.entries() {
         Ok(entries) => entries,
         Err(e) => {
@@ -90,6 +91,9 @@ fn generate(normal_dir: &Path) -> ExitCode {
 
     let mut plan = Plan::default();
     for entry in entries {
+        for warning in &entry.warnings {
+            log.warning(&warning.to_string());
+        }
         match entry.volume {
             Err(e) => log.warning(&format!("{e}; volume skipped")),
             Ok(volume) if !volume.enabled => {}

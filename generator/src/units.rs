@@ -48,7 +48,9 @@ impl Plan {
         let instance = unit_name(&volume.id);
         let dropin = volume_dropin(volume)?;
         self.outputs.insert(
-            PathBuf::from(format!("{VOLUMES_TARGET}.requires")).join(&instance),
+            // Wants, not Requires: stopping one volume must not stop the
+            // target and with it every consumer ordered on it.
+            PathBuf::from(format!("{VOLUMES_TARGET}.wants")).join(&instance),
             Output::Symlink(Path::new(SYSTEM_UNIT_DIR).join(UNIT_TEMPLATE)),
         );
         self.outputs.insert(
@@ -132,7 +134,9 @@ mod tests {
         let roots = "storage_roots = [\"/var/lib/sparse-volume\", \"/srv\"]";
         let config = Config::parse(Path::new("config.toml"), roots).unwrap();
         let text = format!("uuid = \"{ID}\"\npath = {path:?}\nsize = 1048576\nmode = \"{mode}\"\n");
-        Volume::parse(Path::new(&format!("{ID}.toml")), &text, &config).unwrap()
+        Volume::parse(Path::new(&format!("{ID}.toml")), &text, &config)
+            .unwrap()
+            .volume
     }
 
     #[test]

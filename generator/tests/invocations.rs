@@ -56,7 +56,7 @@ fn one_or_three_directories_are_accepted() {
     for args in [&all[..1], &all[..]] {
         let out = generator(&registry_with_volumes(), args);
         assert_eq!(out.status.code(), Some(0), "{out:?}");
-        assert!(dirs[0].join("sparse-volumes.target.requires").is_dir());
+        assert!(dirs[0].join("sparse-volumes.target.wants").is_dir());
     }
 }
 

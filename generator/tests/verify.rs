@@ -332,3 +332,40 @@ fn awkward_paths_reach_systemd_intact() {
         );
     }
 }
+
+/// Stopping one volume must not stop `sparse-volumes.target` (and with it
+/// every unit that `Requires=` it): nothing may tie the target to an
+/// instance with a dependency that propagates a stop. The VM scenario
+/// proves the same with running consumers.
+#[test]
+fn a_volume_stop_cannot_propagate_to_the_target() {
+    let units = Path::new(env!("CARGO_MANIFEST_DIR")).join("../units");
+    for name in ["sparse-volume@.service", "sparse-volumes.target"] {
+        let text = fs::read_to_string(units.join(name)).unwrap();
+        for line in text.lines().filter(|l| !l.starts_with('#')) {
+            for keyword in [
+                "Requires=",
+                "BindsTo=",
+                "PartOf=",
+                "Requisite=",
+                "RequiredBy=",
+            ] {
+                assert!(
+                    !(line.starts_with(keyword) && line.contains("sparse-volume")),
+                    "{name}: {line}"
+                );
+            }
+        }
+    }
+    let cases = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/generator");
+    for case in fs::read_dir(cases).unwrap().flatten() {
+        assert!(
+            !case
+                .path()
+                .join("expected/sparse-volumes.target.requires")
+                .exists(),
+            "{}",
+            case.path().display()
+        );
+    }
+}

@@ -10,7 +10,9 @@ use anyhow::{bail, Context, Result};
 use nix::errno::Errno;
 
 use super::device::{LockedControl, LockedLoopDevice, LoopDevice, LoopStatus};
-use super::sys::{LoopInfo64, LO_FLAGS_DIRECT_IO, LO_FLAGS_PARTSCAN, LO_FLAGS_READ_ONLY};
+use super::sys::{
+    LoopInfo64, LO_FLAGS_AUTOCLEAR, LO_FLAGS_DIRECT_IO, LO_FLAGS_PARTSCAN, LO_FLAGS_READ_ONLY,
+};
 
 /// Another process (one that ignores the control lock, such as `losetup`)
 /// can take the device we were handed; we then ask again.
@@ -21,6 +23,10 @@ pub struct BindOptions {
     pub read_only: bool,
     pub partition_scan: bool,
     pub direct_io: bool,
+    /// The logical sector size the device must present (512 or 4096).
+    /// Always passed to the kernel: its default follows the backing disk
+    /// under direct I/O on 6.14+, which a volume's GPT or xfs may not fit.
+    pub block_size: u32,
     /// Stored in `lo_file_name`, so the device can be found without the file.
     pub reference: String,
 }
@@ -94,18 +100,21 @@ fn configure(
     backing: &File,
     options: &BindOptions,
 ) -> Result<bool, Errno> {
-    let first = device.configure(backing, options.info(options.direct_io));
+    let block_size = options.block_size;
+    let first = device.configure(backing, options.info(options.direct_io), block_size);
     let result = match first {
         // Some kernels refuse direct I/O outright when the backing file
         // system cannot do it; buffered I/O still works.
-        Err(Errno::EINVAL) if options.direct_io => device.configure(backing, options.info(false)),
+        Err(Errno::EINVAL) if options.direct_io => {
+            device.configure(backing, options.info(false), block_size)
+        }
         other => other,
     };
     match result {
         Ok(()) => Ok(false),
         // Kernels before 5.8 do not know LOOP_CONFIGURE.
         Err(Errno::EINVAL | Errno::ENOTTY) => {
-            device.set_fd_then_status(backing, &options.info(false))?;
+            device.set_fd_then_status(backing, &options.info(false), block_size)?;
             Ok(true)
         }
         Err(errno) => Err(errno),
@@ -124,6 +133,7 @@ fn verify(device: &LockedLoopDevice, backing: &File, options: &BindOptions) -> R
     if !status.is_backed_by(meta.dev(), meta.ino()) {
         bail!("{} is bound to another file than ours", path.display());
     }
+    verify_sector_size(device, options.block_size)?;
     let required = options.info(false).lo_flags & (LO_FLAGS_READ_ONLY | LO_FLAGS_PARTSCAN);
     if status.flags & required == required {
         return Ok(status);
@@ -145,6 +155,56 @@ fn verify(device: &LockedLoopDevice, backing: &File, options: &BindOptions) -> R
             )
         }
     }
+}
+
+/// Like systemd's loop-util: a device with other sectors than the volume
+/// was made for would hide its partition table or refuse its file system.
+fn verify_sector_size(device: &LockedLoopDevice, wanted: u32) -> Result<()> {
+    let found = device.logical_block_size();
+    if found == Ok(wanted) {
+        return Ok(());
+    }
+    let _ = device.clear();
+    let found = match found {
+        Ok(size) => format!("{size}-byte sectors"),
+        Err(errno) => format!("no readable sector size ({errno})"),
+    };
+    bail!(
+        "{} came up with {found} instead of the {wanted}-byte sectors the volume is made for; detached it again",
+        device.path().display()
+    )
+}
+
+/// Keeps an existing device bound whose detach is pending: after a
+/// `LOOP_CLR_FD` while another process held it open, the kernel leaves it
+/// bound with autoclear set and releases it at that process's last close.
+/// Clearing the flag (and reading it back) cancels that. Returns the
+/// device's status afterwards.
+pub fn cancel_pending_detach(number: u32, backing: &File) -> Result<LoopStatus> {
+    let device = LoopDevice::open(number, false)?.lock()?;
+    let path = device.path();
+    let meta = backing.metadata().context("inspecting the backing file")?;
+    let ours = |info: &LoopInfo64| LoopStatus::from(*info).is_backed_by(meta.dev(), meta.ino());
+    let mut info = device
+        .raw_status()
+        .ok()
+        .filter(ours)
+        .with_context(|| format!("{} was released while attaching", path.display()))?;
+    if info.lo_flags & LO_FLAGS_AUTOCLEAR == 0 {
+        return Ok(info.into());
+    }
+    info.lo_flags &= !LO_FLAGS_AUTOCLEAR;
+    let kept = device
+        .set_status(&info)
+        .and_then(|()| device.raw_status())
+        .ok()
+        .filter(|info| ours(info) && info.lo_flags & LO_FLAGS_AUTOCLEAR == 0);
+    kept.map(LoopStatus::from).with_context(|| {
+        format!(
+            "{} is being detached (another program still holds it open) and its pending detach could not be cancelled; retry once that program has closed it",
+            path.display()
+        )
+    })
 }
 
 /// Randomised, growing pause so that racing allocators spread out.

@@ -146,6 +146,19 @@ impl LoopDevice {
             .with_context(|| format!("growing partition {number} of {}", self.path().display()))
     }
 
+    /// The logical sector size the device presents (`BLKSSZGET`).
+    pub fn logical_block_size(&self) -> Result<u32> {
+        sys::logical_block_size(self.file.as_fd())
+            .with_context(|| format!("reading the sector size of {}", self.path().display()))
+    }
+
+    /// Drops the device's page cache after its backing file was written
+    /// directly, so readers of the device see the new bytes.
+    pub fn flush_buffers(&self) -> Result<()> {
+        sys::flush_buffers(self.file.as_fd())
+            .with_context(|| format!("flushing the buffers of {}", self.path().display()))
+    }
+
     /// Takes a BSD lock on the device node. udev skips devices that are
     /// locked, so it does not probe one we are still configuring.
     pub fn lock(self) -> Result<LockedLoopDevice> {
@@ -180,20 +193,43 @@ impl LockedLoopDevice {
         }
     }
 
-    pub fn configure(&self, backing: &File, info: LoopInfo64) -> Result<(), Errno> {
+    pub fn configure(
+        &self,
+        backing: &File,
+        info: LoopInfo64,
+        block_size: u32,
+    ) -> Result<(), Errno> {
         sys::configure(
             self.file.as_fd(),
-            &sys::LoopConfig::new(backing.as_fd(), info),
+            &sys::LoopConfig::new(backing.as_fd(), info, block_size),
         )
     }
 
-    /// The pre-5.8 way: bind, then set the status in a second step.
-    pub fn set_fd_then_status(&self, backing: &File, info: &LoopInfo64) -> Result<(), Errno> {
-        sys::set_fd(self.file.as_fd(), backing.as_fd())?;
-        sys::set_status(self.file.as_fd(), info).inspect_err(|_| {
-            // Do not leave a half-configured device behind.
-            let _ = sys::clear_fd(self.file.as_fd());
-        })
+    /// The pre-5.8 way: bind, then set the status and the sector size in
+    /// further steps.
+    pub fn set_fd_then_status(
+        &self,
+        backing: &File,
+        info: &LoopInfo64,
+        block_size: u32,
+    ) -> Result<(), Errno> {
+        let fd = self.file.as_fd();
+        sys::set_fd(fd, backing.as_fd())?;
+        sys::set_status(fd, info)
+            .and_then(|()| match sys::logical_block_size(fd) {
+                // Kernels before 4.14 lack LOOP_SET_BLOCK_SIZE but bind
+                // with 512-byte sectors, so only ask for a change.
+                Ok(current) if current == block_size => Ok(()),
+                _ => sys::set_block_size(fd, block_size),
+            })
+            .inspect_err(|_| {
+                // Do not leave a half-configured device behind.
+                let _ = sys::clear_fd(fd);
+            })
+    }
+
+    pub fn logical_block_size(&self) -> Result<u32, Errno> {
+        sys::logical_block_size(self.file.as_fd())
     }
 
     pub fn set_status(&self, info: &LoopInfo64) -> Result<(), Errno> {

@@ -19,6 +19,7 @@ const LOOP_CLR_FD: libc::c_ulong = 0x4C01;
 const LOOP_SET_STATUS64: libc::c_ulong = 0x4C04;
 const LOOP_GET_STATUS64: libc::c_ulong = 0x4C05;
 const LOOP_SET_CAPACITY: libc::c_ulong = 0x4C07;
+const LOOP_SET_BLOCK_SIZE: libc::c_ulong = 0x4C09;
 const LOOP_CONFIGURE: libc::c_ulong = 0x4C0A;
 const LOOP_CTL_GET_FREE: libc::c_ulong = 0x4C82;
 
@@ -91,10 +92,12 @@ pub struct LoopConfig {
 }
 
 impl LoopConfig {
-    pub fn new(backing: BorrowedFd<'_>, info: LoopInfo64) -> Self {
+    /// `block_size` is the logical sector size; 0 would let the kernel
+    /// choose, which on 6.14+ follows the backing disk under direct I/O.
+    pub fn new(backing: BorrowedFd<'_>, info: LoopInfo64, block_size: u32) -> Self {
         Self {
             fd: backing.as_raw_fd() as u32,
-            block_size: 0,
+            block_size,
             info,
             reserved: [0; 8],
         }
@@ -173,6 +176,38 @@ pub fn clear_fd(device: BorrowedFd<'_>) -> Result<(), Errno> {
 pub fn set_capacity(device: BorrowedFd<'_>) -> Result<(), Errno> {
     // SAFETY: LOOP_SET_CAPACITY takes no argument.
     check(unsafe { libc::ioctl(device.as_raw_fd(), LOOP_SET_CAPACITY, 0) }).map(drop)
+}
+
+/// The logical sector size, for a kernel without `LOOP_CONFIGURE`.
+pub fn set_block_size(device: BorrowedFd<'_>, block_size: u32) -> Result<(), Errno> {
+    // SAFETY: LOOP_SET_BLOCK_SIZE takes the size by value.
+    check(unsafe {
+        libc::ioctl(
+            device.as_raw_fd(),
+            LOOP_SET_BLOCK_SIZE,
+            libc::c_ulong::from(block_size),
+        )
+    })
+    .map(drop)
+}
+
+const BLKFLSBUF: libc::c_ulong = 0x1261;
+const BLKSSZGET: libc::c_ulong = 0x1268;
+
+/// The logical sector size of a block device (`BLKSSZGET`).
+pub fn logical_block_size(device: BorrowedFd<'_>) -> Result<u32, Errno> {
+    let mut size: libc::c_int = 0;
+    // SAFETY: BLKSSZGET writes one `int` into the buffer, which lives
+    // across the call.
+    check(unsafe { libc::ioctl(device.as_raw_fd(), BLKSSZGET, &mut size as *mut libc::c_int) })?;
+    u32::try_from(size).map_err(|_| Errno::EINVAL)
+}
+
+/// Writes back and drops the block device's page cache (`BLKFLSBUF`), so
+/// that readers see what was written to the backing file behind its back.
+pub fn flush_buffers(device: BorrowedFd<'_>) -> Result<(), Errno> {
+    // SAFETY: BLKFLSBUF takes no argument.
+    check(unsafe { libc::ioctl(device.as_raw_fd(), BLKFLSBUF, 0) }).map(drop)
 }
 
 const BLKPG: libc::c_ulong = 0x1269;

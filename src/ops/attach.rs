@@ -10,7 +10,8 @@ use serde::Serialize;
 use super::Report;
 
 use crate::backing::open_backing_file;
-use crate::loopdev::sys::{LO_FLAGS_PARTSCAN, LO_FLAGS_READ_ONLY};
+use crate::fsutil::backing_logical_block_size;
+use crate::loopdev::sys::{LO_FLAGS_AUTOCLEAR, LO_FLAGS_PARTSCAN, LO_FLAGS_READ_ONLY};
 use crate::loopdev::{self, BindOptions, LoopDevice, LoopStatus};
 use crate::paths::SystemRoot;
 use crate::probe::{expected_content, identifies, probe};
@@ -88,18 +89,34 @@ pub fn attach(root: &SystemRoot, id: &VolumeId) -> Result<AttachReport> {
                     LoopDevice::path_of(*other).display()
                 ));
             }
-            warnings.extend(flag_mismatches(status, &volume));
-            (*number, status.clone(), false)
+            let (status, cancelled) = keep_bound(*number, status, &backing)?;
+            if cancelled {
+                warnings.push(format!(
+                    "{} had a pending detach (another program still holds it open); cancelled it so the device stays attached",
+                    LoopDevice::path_of(*number).display()
+                ));
+            }
+            warnings.extend(flag_mismatches(&status, &volume));
+            warnings.extend(sector_size_mismatch(*number, &volume));
+            (*number, status, cancelled)
         }
         None => {
+            // The kernel silently drops direct I/O when the loop device's
+            // sectors are smaller than the backing device's; say why.
+            let sector_warning = backing_logical_block_size(&path)
+                .filter(|_| volume.direct_io)
+                .and_then(|backing| sector_size_blocks_direct_io(volume.sector_size, backing));
             let options = BindOptions {
                 read_only: volume.read_only,
                 partition_scan: volume.mode.is_block(),
-                direct_io: volume.direct_io,
+                direct_io: volume.direct_io && sector_warning.is_none(),
+                block_size: volume.sector_size,
                 reference: id.loop_reference(),
             };
             let bound = loopdev::bind_to_free_device(&backing, &options)?;
-            if volume.direct_io && !loopdev::uses_direct_io(&bound.status) {
+            if let Some(warning) = sector_warning {
+                warnings.push(warning);
+            } else if volume.direct_io && !loopdev::uses_direct_io(&bound.status) {
                 warnings.push(
                     "the backing file system does not support direct I/O; using buffered I/O"
                         .into(),
@@ -147,7 +164,9 @@ pub fn attach(root: &SystemRoot, id: &VolumeId) -> Result<AttachReport> {
 }
 
 /// The content must carry the volume's UUID: attaching someone else's data
-/// under this volume's name would hand it to the wrong consumer.
+/// under this volume's name would hand it to the wrong consumer. It must
+/// also read with the recorded sector size, or consumers would wait for a
+/// partition or mount that never comes.
 fn verify_content(backing: &File, volume: &Volume, path: &std::path::Path) -> Result<()> {
     let content = probe(backing).with_context(|| format!("reading {}", path.display()))?;
     if !identifies(&content, &volume.mode, volume.id.uuid()) {
@@ -158,7 +177,49 @@ fn verify_content(backing: &File, volume: &Volume, path: &std::path::Path) -> Re
             expected_content(&volume.mode, volume.id.uuid())
         );
     }
+    if !content.works_with_sector_size(volume.sector_size) {
+        bail!(
+            "backing file {} holds {}, which does not read with the {}-byte sectors the registry records (sector_size)",
+            path.display(),
+            content.sector_requirement(),
+            volume.sector_size
+        );
+    }
     Ok(())
+}
+
+/// Why direct I/O cannot be used, when the volume's sectors are smaller
+/// than those of the device under its backing file.
+pub(super) fn sector_size_blocks_direct_io(sector_size: u32, backing: u32) -> Option<String> {
+    (sector_size < backing).then(|| {
+        format!(
+            "direct I/O off: the volume's {sector_size}-byte sectors are smaller than the backing device's {backing}-byte sectors"
+        )
+    })
+}
+
+/// An existing device whose detach is pending would vanish when its last
+/// holder closes it: cancel the detach (reported as a change), or refuse
+/// to adopt the device.
+fn keep_bound(number: u32, status: &LoopStatus, backing: &File) -> Result<(LoopStatus, bool)> {
+    if !status.has(LO_FLAGS_AUTOCLEAR) {
+        return Ok((status.clone(), false));
+    }
+    Ok((loopdev::cancel_pending_detach(number, backing)?, true))
+}
+
+/// A device bound by an older version or by hand may have other sectors
+/// than the volume is made for.
+fn sector_size_mismatch(number: u32, volume: &Volume) -> Option<String> {
+    let found = LoopDevice::open(number, false)
+        .and_then(|device| device.logical_block_size())
+        .ok()?;
+    (found != volume.sector_size).then(|| {
+        format!(
+            "the existing loop device has {found}-byte sectors but the volume is made for {}-byte sectors; detach and attach again",
+            volume.sector_size
+        )
+    })
 }
 
 fn size_warning(backing: &File, volume: &Volume) -> Option<String> {

@@ -12,6 +12,7 @@ use nix::fcntl::{fallocate, renameat2, FallocateFlags, RenameFlags};
 use serde::Serialize;
 
 use super::activate::bring_up_now;
+use super::attach::sector_size_blocks_direct_io;
 use super::Report;
 
 use crate::backing::open_backing_file;
@@ -20,12 +21,14 @@ use crate::crashpoint;
 use crate::creating_mark::{
     clear_creating_mark, creating_path, has_creating_mark, set_creating_mark,
 };
-use crate::fsutil::sync_dir;
+use crate::fsutil::{backing_logical_block_size, sync_dir};
 use crate::mkfs::make_filesystem;
 use crate::partition_table;
 use crate::paths::SystemRoot;
 use crate::probe::{identifies, probe};
-use crate::registry::{check_path, check_size, Mode, Registry, Volume};
+use crate::registry::{
+    check_path, check_size, Mode, Registry, Volume, DEFAULT_SECTOR_SIZE, SECTOR_SIZES,
+};
 use crate::size::format_size;
 use crate::volume_id::VolumeId;
 
@@ -39,6 +42,8 @@ pub struct CreateRequest {
     pub name: Option<String>,
     pub path: Option<PathBuf>,
     pub preallocate: bool,
+    /// The logical sector size; by default the backing device's.
+    pub sector_size: Option<u32>,
     /// Also attach it (and report the device).
     pub now: bool,
 }
@@ -53,13 +58,20 @@ pub struct CreateReport {
     pub mode: &'static str,
     pub fs_type: Option<String>,
     pub preallocated: bool,
+    /// The logical sector size the volume is made for.
+    pub sector_size: u32,
     /// With `--now`: the loop device the volume is attached to.
     pub device: Option<PathBuf>,
     /// Set when an interrupted create was completed instead of a new one.
     pub note: Option<String>,
+    pub warnings: Vec<String>,
 }
 
 impl Report for CreateReport {
+    fn warnings(&self) -> Vec<String> {
+        self.warnings.clone()
+    }
+
     fn human(&self) -> String {
         let what = if self.changed {
             "created"
@@ -106,7 +118,7 @@ fn create_registered(root: &SystemRoot, request: &CreateRequest) -> Result<Creat
     if request.size == 0 {
         bail!("the size must be greater than zero");
     }
-    let size = request.size.div_ceil(MIB) * MIB;
+    let size = round_up_to_mib(request.size)?;
     let registry = Registry::open(root.clone());
     let config = registry.provisioning_config()?;
     let id = request
@@ -116,6 +128,15 @@ fn create_registered(root: &SystemRoot, request: &CreateRequest) -> Result<Creat
     let path = request.path.clone().unwrap_or(default_path);
     check_path(&path, config).map_err(anyhow::Error::msg)?;
     check_size(size).map_err(anyhow::Error::msg)?;
+    let backing_block_size = backing_logical_block_size(&root.host_path(&path));
+    let sector_size = request
+        .sector_size
+        .unwrap_or_else(|| default_sector_size(backing_block_size));
+    let warnings = backing_block_size
+        .filter(|_| config.direct_io)
+        .and_then(|backing| sector_size_blocks_direct_io(sector_size, backing))
+        .into_iter()
+        .collect::<Vec<_>>();
 
     let volume = Volume {
         id,
@@ -127,7 +148,7 @@ fn create_registered(root: &SystemRoot, request: &CreateRequest) -> Result<Creat
         direct_io: config.direct_io,
         preallocated: request.preallocate,
         name: request.name.clone(),
-        sector_size: crate::registry::DEFAULT_SECTOR_SIZE,
+        sector_size,
     };
     // The parser's own rules, before anything exists on disk.
     volume.validate()?;
@@ -143,8 +164,14 @@ fn create_registered(root: &SystemRoot, request: &CreateRequest) -> Result<Creat
             Mode::Block => None,
         },
         preallocated: volume.preallocated,
+        sector_size: volume.sector_size,
         device: None,
         note,
+        warnings: if changed {
+            warnings.clone()
+        } else {
+            Vec::new()
+        },
     };
 
     // One lock around the whole decision and the work: concurrent creates
@@ -252,6 +279,12 @@ fn ensure_same_spec(existing: &Volume, request: &CreateRequest, size: u64) -> Re
     if existing.preallocated != request.preallocate {
         differences.push(format!("preallocated = {}", existing.preallocated));
     }
+    if let Some(asked) = request.sector_size.filter(|s| *s != existing.sector_size) {
+        differences.push(format!(
+            "sector size {} (asked {asked})",
+            existing.sector_size
+        ));
+    }
     if differences.is_empty() {
         return Ok(());
     }
@@ -280,7 +313,8 @@ fn adopt_interrupted(host_path: &Path, volume: &Volume) -> Result<()> {
     let file = open_backing_file(host_path, true)?;
     let content = probe(&file)?;
     let length = file.metadata()?.len();
-    let expected = identifies(&content, &volume.mode, volume.id.uuid());
+    let expected = identifies(&content, &volume.mode, volume.id.uuid())
+        && content.works_with_sector_size(volume.sector_size);
     if !expected || length != volume.size {
         bail!(
             "{} already exists and holds {}; create never overwrites a file (use `sparse-volume register` to adopt it)",
@@ -329,16 +363,56 @@ fn make_backing_file(temporary: &Path, volume: &Volume) -> Result<()> {
             fs_type,
             mkfs_options,
         } => {
-            make_filesystem(temporary, *fs_type, volume.id.uuid(), mkfs_options)?;
+            make_filesystem(
+                temporary,
+                *fs_type,
+                volume.id.uuid(),
+                volume.sector_size,
+                mkfs_options,
+            )?;
+            // An mkfs option can pick blocks or sectors smaller than the
+            // volume's sectors: such a file system would never mount.
+            let content = probe(&file)?;
+            if !content.works_with_sector_size(volume.sector_size) {
+                bail!(
+                    "mkfs made {}, which does not mount on the volume's {}-byte sectors; check the mkfs options",
+                    content.sector_requirement(),
+                    volume.sector_size
+                );
+            }
         }
         Mode::Block => {
-            partition_table::write_new(&file, volume.id.uuid())
+            partition_table::write_new(&file, volume.id.uuid(), volume.sector_size)
                 .with_context(|| format!("partitioning {}", temporary.display()))?;
         }
     }
     crashpoint::here("create:after-format");
     file.sync_all()
         .with_context(|| format!("syncing {}", temporary.display()))
+}
+
+/// Whole MiB, refusing sizes where rounding up would wrap around.
+pub fn round_up_to_mib(size: u64) -> Result<u64> {
+    size.checked_next_multiple_of(MIB)
+        .with_context(|| format!("size {size} is too large"))
+}
+
+/// The backing device's logical block size, so that the loop device can
+/// use direct I/O (the smallest supported size at least that large);
+/// 512 when no block device is behind the storage (tmpfs, overlay, …).
+fn default_sector_size(backing_block_size: Option<u32>) -> u32 {
+    let Some(backing) = backing_block_size else {
+        tracing::debug!(
+            "the storage's block device is unknown (tmpfs, overlay, network or btrfs); \
+             using {DEFAULT_SECTOR_SIZE}-byte sectors"
+        );
+        return DEFAULT_SECTOR_SIZE;
+    };
+    SECTOR_SIZES
+        .iter()
+        .copied()
+        .find(|&size| size >= backing)
+        .unwrap_or(SECTOR_SIZES[SECTOR_SIZES.len() - 1])
 }
 
 /// Sparse (`ftruncate`) or reserved (`fallocate`) up to `size`.

@@ -121,8 +121,8 @@ fn set_enabled(root: &SystemRoot, id: &VolumeId, enabled: bool, now: bool) -> Re
 }
 
 /// True when systemd's loaded configuration already reflects the flag: the
-/// generator's link from `sparse-volumes.target` (a `.requires` link, or
-/// `.wants`) shows in the unit's `RequiredBy`/`WantedBy` exactly when the
+/// generator's link from `sparse-volumes.target` (a `.wants` link; older
+/// versions made `.requires`) shows in the unit's `RequiredBy`/`WantedBy` exactly when the
 /// volume is enabled. When in doubt, say no (a needless reload is
 /// harmless, a missing one is not).
 fn systemd_agrees(systemd: &Systemd, unit: &str, enabled: bool) -> bool {

@@ -10,17 +10,31 @@ use serde::Serialize;
 use super::Report;
 
 use crate::backing::open_backing_file;
+use crate::fsutil::backing_logical_block_size;
 use crate::paths::SystemRoot;
-use crate::probe::{identifies, probe};
-use crate::registry::{check_path, check_size, Mode, Registry, Volume};
+use crate::probe::{identifies, probe, Content};
+use crate::registry::{
+    check_path, check_size, FsType, Mode, Registry, Volume, DEFAULT_SECTOR_SIZE,
+};
 use crate::volume_id::VolumeId;
+
+/// What the caller says the file holds; left open is read from it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RegisterMode {
+    /// A file system; its type is detected when not given.
+    Filesystem(Option<FsType>),
+    Block,
+}
 
 #[derive(Debug, Clone)]
 pub struct RegisterRequest {
     pub uuid: VolumeId,
     pub path: PathBuf,
-    pub mode: Mode,
+    pub mode: RegisterMode,
     pub name: Option<String>,
+    /// Detected from the content when not given; refused when the content
+    /// does not read with it.
+    pub sector_size: Option<u32>,
 }
 
 #[derive(Debug, Serialize)]
@@ -30,6 +44,8 @@ pub struct RegisterReport {
     pub path: PathBuf,
     pub size: u64,
     pub mode: &'static str,
+    pub fs_type: Option<String>,
+    pub sector_size: u32,
 }
 
 impl Report for RegisterReport {
@@ -62,11 +78,16 @@ pub fn register(root: &SystemRoot, request: &RegisterRequest) -> Result<Register
         path: volume.path.clone(),
         size: volume.size,
         mode: volume.mode.name(),
+        fs_type: match &volume.mode {
+            Mode::Filesystem { fs_type, .. } => Some(fs_type.to_string()),
+            Mode::Block => None,
+        },
+        sector_size: volume.sector_size,
     };
 
     let _lock = registry.lock()?;
     if let Some(existing) = registry.get(&id)? {
-        if existing.path == request.path && existing.mode.name() == request.mode.name() {
+        if existing.path == request.path && same_spec(&existing, request) {
             return Ok(report(false, &existing));
         }
         bail!(
@@ -82,28 +103,87 @@ pub fn register(root: &SystemRoot, request: &RegisterRequest) -> Result<Register
     check_size(size)
         .map_err(|reason| anyhow::anyhow!("backing file {}: {reason}", host_path.display()))?;
     let content = probe(&file)?;
-    let carries_uuid = identifies(&content, &request.mode, id.uuid());
-    if !carries_uuid {
+    let mode = adopted_mode(&content, request.mode)
+        .map_err(|what| anyhow::anyhow!("backing file {} holds {what}", host_path.display()))?;
+    if !identifies(&content, &mode, id.uuid()) {
         bail!(
             "backing file {} holds {}, which does not carry the volume UUID",
             host_path.display(),
             content.describe()
         );
     }
+    let sector_size = adopted_sector_size(&content, request.sector_size, &host_path)?;
 
     let volume = Volume {
         id,
         path: request.path.clone(),
         size,
-        mode: request.mode.clone(),
+        mode,
         enabled: true,
         read_only: false,
         direct_io: config.direct_io,
         preallocated: false,
         name: request.name.clone(),
-        sector_size: crate::registry::DEFAULT_SECTOR_SIZE,
+        sector_size,
     };
     volume.validate()?;
     registry.put(&volume)?;
     Ok(report(true, &volume))
+}
+
+/// A repeated register is a no-op when it asks for nothing else than what
+/// is registered (what it leaves open was detected the first time).
+fn same_spec(existing: &Volume, request: &RegisterRequest) -> bool {
+    let mode = match (&existing.mode, request.mode) {
+        (Mode::Block, RegisterMode::Block) => true,
+        (Mode::Filesystem { fs_type, .. }, RegisterMode::Filesystem(asked)) => {
+            asked.is_none_or(|asked| asked == *fs_type)
+        }
+        _ => false,
+    };
+    mode && request
+        .sector_size
+        .is_none_or(|asked| asked == existing.sector_size)
+}
+
+/// The mode to register: the file system type is what the content holds
+/// unless the caller named one; a named type that differs is refused
+/// with what was found (`Err` completes "backing file … holds …").
+fn adopted_mode(content: &Content, asked: RegisterMode) -> Result<Mode, String> {
+    let found = match content {
+        Content::Filesystem { fs_type, .. } => Some(*fs_type),
+        _ => None,
+    };
+    match (asked, found) {
+        (RegisterMode::Block, _) => Ok(Mode::Block),
+        (RegisterMode::Filesystem(Some(asked)), Some(found)) if asked != found => {
+            Err(format!("an {found} file system, not {asked}"))
+        }
+        (RegisterMode::Filesystem(asked), found) => Ok(Mode::Filesystem {
+            // Without a file system, `identifies` refuses whatever we say.
+            fs_type: asked.or(found).unwrap_or(FsType::Ext4),
+            mkfs_options: Vec::new(),
+        }),
+    }
+}
+
+/// The sector size the content was made for, or the one asked for if the
+/// content reads with it.
+fn adopted_sector_size(
+    content: &Content,
+    asked: Option<u32>,
+    host_path: &std::path::Path,
+) -> Result<u32> {
+    match asked {
+        Some(size) if !content.works_with_sector_size(size) => bail!(
+            "backing file {} holds {}, which does not read with {size}-byte sectors",
+            host_path.display(),
+            content.sector_requirement()
+        ),
+        Some(size) => Ok(size),
+        None => {
+            let backing = backing_logical_block_size(host_path).unwrap_or(DEFAULT_SECTOR_SIZE);
+            Ok(content.preferred_sector_size(backing))
+        }
+    }
 }

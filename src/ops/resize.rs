@@ -13,7 +13,7 @@ use serde::Serialize;
 
 use super::Report;
 
-use super::create::allocate;
+use super::create::{allocate, round_up_to_mib};
 use super::detach::detach_device;
 use crate::backing::open_backing_file;
 use crate::capacity;
@@ -23,11 +23,9 @@ use crate::loopdev::{self, BindOptions, LoopDevice};
 use crate::mkfs::{grow_ext4, grow_xfs};
 use crate::partition_table;
 use crate::paths::SystemRoot;
-use crate::registry::{FsType, Mode, Registry, Volume};
+use crate::registry::{check_size, FsType, Mode, Registry, Volume};
 use crate::size::format_size;
 use crate::volume_id::VolumeId;
-
-const MIB: u64 = 1 << 20;
 
 #[derive(Debug, Serialize)]
 pub struct ResizeReport {
@@ -55,7 +53,8 @@ impl Report for ResizeReport {
 }
 
 pub fn resize(root: &SystemRoot, id: &VolumeId, requested: u64) -> Result<ResizeReport> {
-    let size = requested.div_ceil(MIB) * MIB;
+    let size = round_up_to_mib(requested)?;
+    check_size(size).map_err(anyhow::Error::msg)?;
     let registry = Registry::open(root.clone());
     let _lock = registry.lock()?;
     // Lock order registry → volume, as everywhere: no attach, detach or
@@ -124,11 +123,14 @@ pub fn resize(root: &SystemRoot, id: &VolumeId, requested: u64) -> Result<Resize
 }
 
 fn grow_partition(file: &File, volume: &Volume, devices: &[u32]) -> Result<()> {
-    let extent = partition_table::grow_to_end(file, volume.id.uuid())?;
+    let extent = partition_table::grow_to_end(file, volume.id.uuid(), volume.sector_size)?;
     // The loop device may read the file with direct I/O: the new table
     // must be on disk, not only in the page cache, before the kernel uses it.
     file.sync_all().context("syncing the partition table")?;
     for &number in devices {
+        // The table was rewritten behind the device's back: while anyone
+        // holds the device open, its page cache still has the old one.
+        LoopDevice::open(number, false)?.flush_buffers()?;
         // Kernels without partition support never made the partition.
         if Path::new(&format!("/sys/block/loop{number}/loop{number}p1")).exists() {
             LoopDevice::open(number, false)?.resize_partition(
@@ -167,6 +169,7 @@ fn grow_filesystem(
                     read_only: false,
                     partition_scan: false,
                     direct_io: false,
+                    block_size: volume.sector_size,
                     reference: volume.id.loop_reference(),
                 },
             )?;

@@ -252,8 +252,8 @@ impl Manager {
         self.record("Subscribe".into());
     }
 
-    /// Reruns "the generator": units of enabled volumes become required by
-    /// sparse-volumes.target (its `.requires` links), those of disabled
+    /// Reruns "the generator": units of enabled volumes become wanted by
+    /// sparse-volumes.target (its `.wants` links), those of disabled
     /// ones no longer are.
     async fn reload(&self, #[zbus(object_server)] server: &ObjectServer) -> zbus::fdo::Result<()> {
         self.record("Reload".into());
@@ -268,7 +268,7 @@ impl Manager {
                 self.load(server, &name).await?;
             }
             if let Some(record) = self.state.lock().unwrap().units.get_mut(&name) {
-                record.required_by = if volume.enabled {
+                record.wanted_by = if volume.enabled {
                     vec![VOLUMES_TARGET.to_string()]
                 } else {
                     Vec::new()
