@@ -131,6 +131,16 @@ build_deb() {
     arch=$(dpkg --print-architecture)
 
     rm -rf "$root" && cp -a "$common" "$root"
+    # dpkg warns at purge about every directory of the package that is not
+    # empty ("directory ... not empty so not removed"), and the registry and
+    # the default storage root hold volumes by design. So the .deb lists
+    # nothing under /etc or /var: postinst makes those directories and
+    # installs the default config.toml from /usr/share/sparse-volume on a
+    # first install, postrm purge removes it and what is empty, and says
+    # what it kept. (rpm removes a non-empty directory silently: the .rpm
+    # keeps the staged layout, with config.toml as %config(noreplace).)
+    install -D -m 0644 "$root/etc/$NAME/config.toml" "$root/usr/share/$NAME/config.toml"
+    rm -r "$root/etc" "$root/var"
     debian_changelog "$deb_version" "$epoch" | gzip -9 -n \
         >"$root/usr/share/doc/$NAME/changelog.Debian.gz"
     chmod 0644 "$root/usr/share/doc/$NAME/changelog.Debian.gz"
@@ -139,10 +149,8 @@ build_deb() {
 
     install -d -m 0755 "$root/DEBIAN"
     install -m 0755 -t "$root/DEBIAN" "$HERE/debian/postinst" "$HERE/debian/postrm"
-    install -m 0644 -t "$root/DEBIAN" "$HERE/debian/conffiles"
-    # Like dh_md5sums: every file but the conffile (the only file in /etc),
-    # which dpkg tracks itself.
-    (cd "$root" && find . -path ./DEBIAN -prune -o -path ./etc -prune -o -type f -printf '%P\0' |
+    # Like dh_md5sums: every file (there are no conffiles).
+    (cd "$root" && find . -path ./DEBIAN -prune -o -type f -printf '%P\0' |
         LC_ALL=C sort -z | xargs -0 md5sum) >"$root/DEBIAN/md5sums"
     chmod 0644 "$root/DEBIAN/md5sums"
 

@@ -123,8 +123,7 @@ check_deb_control() {
         contains_all "$(dpkg-deb -f "$deb" Depends)" libc6 util-linux e2fsprogs systemd &&
         field_is Recommends "$(dpkg-deb -f "$deb" Recommends)" xfsprogs &&
         field_is Suggests "$(dpkg-deb -f "$deb" Suggests)" gdisk &&
-        field_is conffiles "$(dpkg-deb --ctrl-tarfile "$deb" | tar -xO ./conffiles)" \
-            /etc/sparse-volume/config.toml
+        field_is "control members" "$(dpkg-deb --ctrl-tarfile "$deb" | tar -t | grep -c conffiles)" 0
 }
 
 check_rpm_metadata() {
@@ -171,6 +170,7 @@ make_sandbox() {
     chmod +x "$box/bin/systemctl"
     touch "$box/systemctl.log"
     if [[ $systemd == yes ]]; then mkdir -p "$box/run/systemd/system"; fi
+    install -D -m 0644 "$HERE/config.toml" "$box/usr/share/sparse-volume/config.toml"
 }
 
 # run_script BOX SCRIPT ARG...: runs a maintainer script with its absolute
@@ -180,6 +180,7 @@ run_script() {
     shift 2
     sed -e "s#/run/systemd/system#$box/run/systemd/system#g" \
         -e "s#/var/lib/sparse-volume#$box/var/lib/sparse-volume#g" \
+        -e "s#/usr/share/sparse-volume#$box/usr/share/sparse-volume#g" \
         -e "s#/etc/sparse-volume#$box/etc/sparse-volume#g" "$script" >"$box/script"
     PATH="$box/bin:$PATH" sh "$box/script" "$@"
 }
@@ -218,26 +219,52 @@ expect_run() {
 }
 
 # Nothing but daemon-reload: no start/stop/restart of volume units (an
-# upgrade must not detach them), no enabling (the units are static).
+# upgrade must not detach them), no enabling (the units are static). No
+# rm but of config.toml (which postinst installs and purge removes).
 no_forbidden_commands() {
     local script
     for script in "$@"; do
-        if grep -nE 'systemctl +([a-z-]+ +)*(start|stop|restart|try-restart|reload-or-restart|enable|disable|mask|kill)\b|deb-systemd-(invoke|helper)|invoke-rc\.d|\brm +' "$script"; then
+        if grep -nE 'systemctl +([a-z-]+ +)*(start|stop|restart|try-restart|reload-or-restart|enable|disable|mask|kill)\b|deb-systemd-(invoke|helper)|invoke-rc\.d|\brm +' "$script" |
+            grep -vE '^[0-9]+: *rm -f( "\$\{DPKG_ROOT:-\}\$CONFIG_DIR/config\.toml(\.dpkg-tmp)?")+$'; then
             echo "forbidden command in ${script##*/}"
             return 1
         fi
     done
 }
 
+# postinst makes the directories and installs the default config.toml on a
+# first install only; an existing one is never touched.
+check_postinst_config() {
+    local postinst=$1 box=$SCRATCH/box-config output
+    make_sandbox "$box" no
+    mkdir -p "$box/var/lib"
+    output=$(run_script "$box" "$postinst" configure 2>&1) || { echo "first install: $output"; return 1; }
+    cmp "$HERE/config.toml" "$box/etc/sparse-volume/config.toml" || { echo "first install: config.toml is not the default"; return 1; }
+    field_is "mode of /var/lib/sparse-volume" "$(stat -c %a "$box/var/lib/sparse-volume")" 700 || return 1
+    [[ -d $box/etc/sparse-volume/volumes.d ]] || { echo "first install: no volumes.d"; return 1; }
+    echo '# local edit' >>"$box/etc/sparse-volume/config.toml"
+    output=$(run_script "$box" "$postinst" configure 2>&1) || { echo "second configure: $output"; return 1; }
+    grep -q '^# local edit$' "$box/etc/sparse-volume/config.toml" || { echo "configure replaced an existing config.toml"; return 1; }
+    rm "$box/etc/sparse-volume/config.toml"
+    output=$(run_script "$box" "$postinst" configure 0.0.9-1 2>&1) || { echo "upgrade: $output"; return 1; }
+    [[ ! -e $box/etc/sparse-volume/config.toml ]] || { echo "an upgrade brought back a config.toml deleted on purpose"; return 1; }
+}
+
 check_deb_scripts() {
     local control=$1 box=$SCRATCH/box reload="--system daemon-reload"
+    # Another root for DPKG_ROOT, where postinst makes its directories.
+    local other=$SCRATCH/other-root
+    mkdir -p "$other$box/etc" "$other$box/var/lib"
+    install -D -m 0644 "$HERE/config.toml" "$other$box/usr/share/sparse-volume/config.toml"
     no_forbidden_commands "$control/postinst" "$control/postrm" &&
         expect_run "postinst configure, systemd" "$box" yes "$reload" "" "$control/postinst" configure 0.0.9-1 &&
         expect_run "postinst configure, no systemd" "$box" no "" "" "$control/postinst" configure &&
-        DPKG_ROOT=/elsewhere expect_run "postinst configure, DPKG_ROOT" "$box" yes "" "" "$control/postinst" configure &&
+        DPKG_ROOT=$other expect_run "postinst configure, DPKG_ROOT" "$box" yes "" "" "$control/postinst" configure &&
+        cmp "$HERE/config.toml" "$other$box/etc/sparse-volume/config.toml" &&
         expect_run "postrm remove, systemd" "$box" yes "$reload" "" "$control/postrm" remove &&
         expect_run "postrm upgrade" "$box" yes "" "" "$control/postrm" upgrade 0.2.0-1 &&
-        expect_run "postrm purge" "$box" yes "" kept-message "$control/postrm" purge
+        expect_run "postrm purge" "$box" yes "" kept-message "$control/postrm" purge &&
+        check_postinst_config "$control/postinst"
 }
 
 # dpkg itself, installing into a scratch root: --root with chrootless
@@ -278,6 +305,15 @@ check_dpkg_lifecycle() {
     [[ ! -e $config ]] || { echo "purge left config.toml"; return 1; }
     grep -q '^sparse-volume: kept volume data (/var/lib/sparse-volume' <<<"$output" ||
         { echo "purge did not say where the data is kept: $output"; return 1; }
+    ! grep 'warning' <<<"$output" || { echo "purge: dpkg warned"; return 1; }
+
+    # Without volumes, install and purge leave nothing behind, silently.
+    rm -r "$root/var/lib/sparse-volume" "$root/etc/sparse-volume"
+    output=$(dpkg_in "$root" -i "$deb" 2>&1) || { echo "install again: $output"; return 1; }
+    output=$(dpkg_in "$root" -P sparse-volume 2>&1) || { echo "purge without volumes: $output"; return 1; }
+    [[ ! -e $root/var/lib/sparse-volume && ! -e $root/etc/sparse-volume ]] ||
+        { echo "purge without volumes left $(ls -d "$root"/var/lib/sparse-volume "$root"/etc/sparse-volume 2>/dev/null)"; return 1; }
+    ! grep -E 'warning|kept' <<<"$output" || { echo "purge without volumes printed the above"; return 1; }
 }
 
 check_rpm_scripts() {
@@ -312,7 +348,7 @@ main() {
     check "bash completion parses" \
         bash -n "$SCRATCH/root/usr/share/bash-completion/completions/sparse-volume"
     check "config.toml is the commented example" \
-        cmp "$HERE/config.toml" "$SCRATCH/root/etc/sparse-volume/config.toml"
+        cmp "$HERE/config.toml" "$SCRATCH/root/usr/share/sparse-volume/config.toml"
     check ".deb maintainer scripts" check_deb_scripts "$SCRATCH/control"
     check ".deb install, reinstall, remove, purge with dpkg" check_dpkg_lifecycle "$deb"
 
