@@ -117,9 +117,16 @@ fn remove_never_deletes_a_file_that_is_not_the_volumes() {
     assert_ne!(entry, edited);
     fs::write(fx.registry_file(&mine), edited).unwrap();
 
+    let neighbours_device = device_of(&fx.run_ok(&["attach", &neighbour, "--json"]));
     let run = fx.run(&["remove", &mine, "--delete-data"]);
     assert_eq!(run.code, 1, "{}", run.stdout);
     assert!(run.stderr.contains("not deleting"), "{}", run.stderr);
+    assert_eq!(
+        loops_of(&fx.backing(&neighbour)),
+        vec![neighbours_device],
+        "the refused remove detached the neighbour"
+    );
+    fx.run_ok(&["detach", &neighbour]);
     assert!(
         fx.backing(&neighbour).exists(),
         "the neighbour's data is gone"
@@ -495,4 +502,39 @@ fn non_root_gets_one_clear_line_and_can_still_read() {
     assert!(check.stdout.contains("needs root"), "{}", check.stdout);
     assert!(!check.stdout.contains("not-attached"), "{}", check.stdout);
     fx.run_ok(&["detach", &uuid]);
+}
+
+#[test]
+fn a_registry_file_that_is_not_even_text_still_owns_its_file() {
+    let fx = Fixture::new();
+    let uuid = new_uuid();
+    create_killed_before_unmark(&fx, &uuid);
+    let mut bytes = fs::read(fx.registry_file(&uuid)).unwrap();
+    bytes.extend_from_slice(b"name = \"caf\xe9\"\n");
+    fs::write(fx.registry_file(&uuid), bytes).unwrap();
+    let repaired = fx.run(&["check", "--repair", "--json"]);
+    assert!(
+        fx.backing(&uuid).exists(),
+        "check --repair deleted a registered volume's file: {}",
+        repaired.stdout
+    );
+}
+
+#[test]
+fn stop_and_remove_never_detach_the_last_copy_of_deleted_data() {
+    let fx = Fixture::new();
+    let uuid = new_uuid();
+    fx.run_ok(&["create", "--size", "16M", "--uuid", &uuid]);
+    let device = device_of(&fx.run_ok(&["attach", &uuid, "--json"]));
+    fs::remove_file(fx.backing(&uuid)).unwrap();
+    let removed = fx.run(&["remove", &uuid]);
+    let still = devices_in_fixture(&fx);
+    detach_all_in_fixture(&fx);
+    assert_eq!(removed.code, 1, "{}", removed.stdout);
+    assert!(removed.stderr.contains("only copy"), "{}", removed.stderr);
+    assert_eq!(
+        still.iter().map(|(d, _)| d.clone()).collect::<Vec<_>>(),
+        vec![device]
+    );
+    assert!(fx.registry_file(&uuid).exists());
 }

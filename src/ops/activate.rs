@@ -9,7 +9,7 @@ use std::path::PathBuf;
 use anyhow::{anyhow, bail, Result};
 
 use super::attach::attach;
-use super::detach::{detach, find_devices};
+use super::detach::{backing_file_deleted, detach, find_devices, recovery_hint};
 use crate::inuse::users_of_loop;
 use crate::loopdev::LoopDevice;
 use crate::paths::SystemRoot;
@@ -138,10 +138,19 @@ pub fn bring_down_now(root: &SystemRoot, id: &VolumeId) -> Result<Deactivation> 
 }
 
 /// A stop whose detach then fails would leave a failed unit and a device
-/// still in use: say why before touching anything.
+/// still in use: say why before touching anything. A device whose backing
+/// file was deleted holds the only copy of the data: stopping the volume
+/// would destroy it (a by-hand `detach` still does what it is told).
 pub fn refuse_if_in_use(root: &SystemRoot, id: &VolumeId) -> Result<()> {
     let (devices, _) = find_devices(root, id)?;
     for number in devices {
+        if backing_file_deleted(number) {
+            bail!(
+                "{}: its backing file was deleted and it holds the only copy of the data; {}",
+                LoopDevice::path_of(number).display(),
+                recovery_hint(number)
+            );
+        }
         let users = users_of_loop(number);
         if !users.is_empty() {
             bail!(

@@ -13,11 +13,13 @@ use serde::Serialize;
 use super::Report;
 
 use super::activate::bring_up_now;
-use super::detach::detach_device;
+use super::detach::{detach_device, recovery_hint};
 use super::inspect::attached_devices;
 use crate::backing::open_backing_file;
 use crate::capacity;
-use crate::creating_mark::{clear_creating_mark, has_creating_mark, is_creating_name};
+use crate::creating_mark::{
+    clear_creating_mark, has_creating_mark, is_creating_name, marked_for, CREATING_SUFFIX,
+};
 use crate::inuse::users_of_loop;
 use crate::loopdev::{self, LoopDevice};
 use crate::paths::SystemRoot;
@@ -166,9 +168,23 @@ pub fn check(root: &SystemRoot, repair: bool) -> Result<CheckReport> {
     }
 
     let mut volumes = Vec::new();
-    // Files any registry file names, valid or not: never leftovers.
+    // Files any registry file names, valid or not, and the default file
+    // of every UUID that has a registry file: never leftovers.
     let mut owned = HashSet::new();
+    let mut registered = HashSet::new();
     for entry in registry.entries()? {
+        if let Some(stem) = entry
+            .file
+            .file_stem()
+            .map(|s| s.to_string_lossy().into_owned())
+        {
+            for storage_root in &registry.config().storage_roots {
+                if let Ok(meta) = fs::metadata(root.host_path(storage_root.join(&stem))) {
+                    owned.insert((meta.dev(), meta.ino()));
+                }
+            }
+            registered.insert(stem);
+        }
         for warning in &entry.warnings {
             audit.warn("unknown-key", Some(&entry.file), warning.to_string());
         }
@@ -192,7 +208,7 @@ pub fn check(root: &SystemRoot, repair: bool) -> Result<CheckReport> {
     for volume in &volumes {
         audit_volume(&mut audit, volume)?;
     }
-    storage_root_leftovers(&mut audit, &registry, &owned)?;
+    storage_root_leftovers(&mut audit, &registry, &owned, &registered)?;
     overcommitment(&mut audit, &registry, &volumes)?;
 
     let clean = audit
@@ -232,6 +248,18 @@ fn audit_volume(audit: &mut Audit, volume: &Volume) -> Result<()> {
     let path = audit.root.host_path(&volume.path);
     let meta = match fs::symlink_metadata(&path) {
         Ok(meta) => meta,
+        Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => {
+            audit.warn(
+                "content-not-verified",
+                Some(&path),
+                format!(
+                    "{}: {} cannot be inspected without root",
+                    volume.id,
+                    path.display()
+                ),
+            );
+            return Ok(());
+        }
         Err(_) => {
             let still_held = devices_by_reference(&volume.id)?;
             let hint = match still_held.first() {
@@ -376,19 +404,12 @@ fn devices_by_reference(id: &VolumeId) -> Result<Vec<u32>> {
         .collect())
 }
 
-/// How to keep the data of a device whose backing file was deleted: the
-/// device is then its only copy, and detaching it destroys it.
-fn recovery_hint(number: u32) -> String {
-    format!(
-        "copy it to a new file before anything detaches it (`dd if=/dev/loop{number} of=<storage root>/<file> bs=1M conv=sparse`), then `sparse-volume register` that file"
-    )
-}
-
 /// Interrupted creates, and loop devices on storage-root files no volume owns.
 fn storage_root_leftovers(
     audit: &mut Audit,
     registry: &Registry,
     owned: &HashSet<(u64, u64)>,
+    registered: &HashSet<String>,
 ) -> Result<()> {
     let roots: Vec<PathBuf> = registry
         .config()
@@ -406,7 +427,27 @@ fn storage_root_leftovers(
             if !meta.is_file() || owned.contains(&(meta.dev(), meta.ino())) {
                 continue;
             }
-            if is_creating_name(&name) || has_creating_mark(&path) {
+            // The volume a leftover was made for: if that volume has a
+            // registry file at all (even one that does not read), or a
+            // device has the file, it is not ours to delete.
+            let made_for = marked_for(&path).or_else(|| {
+                name.strip_prefix('.')
+                    .and_then(|n| n.strip_suffix(CREATING_SUFFIX))
+                    .map(str::to_string)
+            });
+            let claimed = made_for.as_ref().is_some_and(|id| registered.contains(id))
+                || !attached_devices(&path)?.is_empty();
+            if (is_creating_name(&name) || has_creating_mark(&path)) && claimed {
+                audit.report(
+                    "unregistered-file",
+                    None,
+                    Some(&path),
+                    format!(
+                        "{} is marked as an interrupted create, but its volume is registered or it is attached; left alone (check the registry file)",
+                        path.display()
+                    ),
+                );
+            } else if is_creating_name(&name) || has_creating_mark(&path) {
                 audit.repairable(
                     "interrupted-create",
                     None,

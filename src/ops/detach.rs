@@ -124,6 +124,20 @@ pub fn find_devices(root: &SystemRoot, id: &VolumeId) -> Result<(Vec<u32>, &'sta
     Ok((by_link, "udev-link"))
 }
 
+/// How to keep the data of a device whose backing file was deleted: the
+/// device is then its only copy, and detaching it destroys it.
+pub fn recovery_hint(number: u32) -> String {
+    format!(
+        "copy it to a new file before anything detaches it (`dd if=/dev/loop{number} of=<storage root>/<file> bs=1M conv=sparse`), then `sparse-volume register` that file"
+    )
+}
+
+/// Whether the kernel says the device's backing file was deleted.
+pub fn backing_file_deleted(number: u32) -> bool {
+    std::fs::read_to_string(format!("/sys/block/loop{number}/loop/backing_file"))
+        .is_ok_and(|text| text.trim_end().ends_with(" (deleted)"))
+}
+
 /// How long a device may stay bound after `LOOP_CLR_FD` while a brief
 /// opener (udev's probe, `blkid`) lets go.
 const RELEASE_GRACE: Duration = Duration::from_secs(3);

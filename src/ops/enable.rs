@@ -5,7 +5,7 @@
 use anyhow::{Context, Result};
 use serde::Serialize;
 
-use super::activate::{refuse_if_in_use, start_attached, stop_detached, UnitOutcome};
+use super::activate::{start_attached, stop_detached, UnitOutcome};
 use super::Report;
 use crate::paths::{SystemRoot, VOLUMES_TARGET};
 use crate::registry::Registry;
@@ -60,10 +60,14 @@ fn set_enabled(root: &SystemRoot, id: &VolumeId, enabled: bool, now: bool) -> Re
     registry.require(id)?;
     let systemd = Systemd::connect()?;
     let unit = unit_name(id);
-    if now && !enabled {
-        // Not half a change: a mounted volume keeps its flag too.
-        refuse_if_in_use(root, id)?;
-    }
+    // disable --now stops first: a stop that fails (the volume is in use)
+    // then leaves the flag as it was, not half a change.
+    let stopped = if now && !enabled {
+        let deactivation = stop_detached(root, Some(&systemd), id)?;
+        Some((deactivation.unit, deactivation.changed))
+    } else {
+        None
+    };
 
     let flag_changed = {
         let _lock = registry.lock()?;
@@ -95,10 +99,7 @@ fn set_enabled(root: &SystemRoot, id: &VolumeId, enabled: bool, now: bool) -> Re
             let activation = start_attached(root, &systemd, id)?;
             (activation.unit, activation.changed)
         }
-        (true, false) => {
-            let deactivation = stop_detached(root, Some(&systemd), id)?;
-            (deactivation.unit, deactivation.changed)
-        }
+        (true, false) => stopped.unwrap_or((None, false)),
     };
     let (job_result, active_state, sub_state) = match outcome {
         Some(o) => (

@@ -128,6 +128,9 @@ pub fn register(root: &SystemRoot, request: &RegisterRequest) -> Result<Register
     };
     volume.validate()?;
     registry.put(&volume)?;
+    // An adopted file that still carries a create's mark must not look
+    // like a leftover to `check --repair`.
+    crate::creating_mark::clear_creating_mark(&host_path)?;
     Ok(report(true, &volume))
 }
 

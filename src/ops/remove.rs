@@ -59,6 +59,12 @@ pub fn remove(root: &SystemRoot, id: &VolumeId, delete_data: bool) -> Result<Rem
             path: None,
         });
     };
+    let host_path = root.host_path(&volume.path);
+    if delete_data {
+        // Before anything is stopped: an entry pointing at another
+        // volume's file must not even detach that volume.
+        verify_identity(&volume, &host_path)?;
+    }
     // Refuses (and changes nothing) while the volume is mounted. The
     // unit's ExecStop takes the volume lock itself, so it is not held yet.
     let mut detached = bring_down_now(root, id)?.detached;
@@ -70,7 +76,6 @@ pub fn remove(root: &SystemRoot, id: &VolumeId, delete_data: bool) -> Result<Rem
     let _volume_lock = Registry::volume_lock(root, id)?;
     detached.extend(detach_locked(root, id)?.devices);
 
-    let host_path = root.host_path(&volume.path);
     let directory = host_path
         .parent()
         .context("the backing file has no directory")?;
@@ -103,20 +108,9 @@ pub fn remove(root: &SystemRoot, id: &VolumeId, delete_data: bool) -> Result<Rem
 /// entry pointing at another volume's file must not delete that volume.
 /// Returns false when there was no file.
 fn delete_backing_file(volume: &Volume, host_path: &Path) -> Result<bool> {
-    let file = match open_backing_file(host_path, true) {
-        Ok(file) => file,
-        Err(_) if !host_path.exists() => return Ok(false),
-        Err(e) => return Err(e.context("not deleting the backing file")),
+    let Some(file) = verify_identity(volume, host_path)? else {
+        return Ok(false);
     };
-    let content = probe(&file).with_context(|| format!("reading {}", host_path.display()))?;
-    if !identifies(&content, &volume.mode, volume.id.uuid()) {
-        bail!(
-            "not deleting {}: it holds {}, not {}; the volume stays registered",
-            host_path.display(),
-            content.describe(),
-            expected_content(&volume.mode, volume.id.uuid())
-        );
-    }
     let devices = devices_backed_by(host_path)?;
     if let Some(number) = devices.first() {
         bail!(
@@ -136,4 +130,24 @@ fn delete_backing_file(volume: &Volume, host_path: &Path) -> Result<bool> {
     }
     std::fs::remove_file(host_path).with_context(|| format!("deleting {}", host_path.display()))?;
     Ok(true)
+}
+
+/// The backing file, opened, if its content carries the volume UUID;
+/// `None` when there is no file; an error naming what it holds otherwise.
+fn verify_identity(volume: &Volume, host_path: &Path) -> Result<Option<std::fs::File>> {
+    let file = match open_backing_file(host_path, true) {
+        Ok(file) => file,
+        Err(_) if !host_path.exists() => return Ok(None),
+        Err(e) => return Err(e.context("not deleting the backing file")),
+    };
+    let content = probe(&file).with_context(|| format!("reading {}", host_path.display()))?;
+    if !identifies(&content, &volume.mode, volume.id.uuid()) {
+        bail!(
+            "not deleting {}: it holds {}, not {}; the volume stays registered",
+            host_path.display(),
+            content.describe(),
+            expected_content(&volume.mode, volume.id.uuid())
+        );
+    }
+    Ok(Some(file))
 }

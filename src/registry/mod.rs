@@ -115,20 +115,22 @@ impl Registry {
     }
 
     fn read_entry(&self, file: PathBuf) -> Entry {
-        let text = match fs::read_to_string(&file) {
+        let unreadable = |file: PathBuf, reason: String, named_path| Entry {
+            volume: Err(RegistryError::new(&file, None, reason)),
+            file,
+            warnings: Vec::new(),
+            named_path,
+        };
+        let bytes = match fs::read(&file) {
+            Ok(bytes) => bytes,
+            Err(e) => return unreadable(file, format!("cannot be read: {e}"), None),
+        };
+        let text = match String::from_utf8(bytes) {
             Ok(text) => text,
             Err(e) => {
-                let volume = Err(RegistryError::new(
-                    &file,
-                    None,
-                    format!("cannot be read: {e}"),
-                ));
-                return Entry {
-                    file,
-                    volume,
-                    warnings: Vec::new(),
-                    named_path: None,
-                };
+                // Still somebody's volume: keep what it names.
+                let named = named_path(&String::from_utf8_lossy(e.as_bytes()));
+                return unreadable(file, "is not valid UTF-8".into(), named);
             }
         };
         match Volume::parse(&file, &text, &self.config) {

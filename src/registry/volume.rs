@@ -141,11 +141,18 @@ struct VolumeFileOut<'a> {
     fs_type: Option<FsType>,
     #[serde(skip_serializing_if = "Option::is_none")]
     mkfs_options: Option<&'a [String]>,
+    /// Left out at the old default, so that an older version (which
+    /// refused unknown keys) still reads what this one writes.
+    #[serde(skip_serializing_if = "is_default_sector_size")]
     sector_size: u32,
     enabled: bool,
     read_only: bool,
     direct_io: bool,
     preallocated: bool,
+}
+
+fn is_default_sector_size(size: &u32) -> bool {
+    *size == DEFAULT_SECTOR_SIZE
 }
 
 /// A rule a volume breaks, and the registry key it is about (so that a
@@ -345,8 +352,7 @@ impl Volume {
 }
 
 /// The shape of a backing file path, whatever the configuration says: a
-/// normalised absolute UTF-8 path (it is written into TOML and unit files)
-/// whose file name is not one of our hidden temporary names.
+/// normalised absolute UTF-8 path (it is written into TOML and unit files).
 pub fn check_volume_path(path: &Path) -> Result<(), String> {
     let Some(text) = path.to_str() else {
         return Err(format!(
@@ -363,12 +369,6 @@ pub fn check_volume_path(path: &Path) -> Result<(), String> {
     if text.chars().any(char::is_control) {
         return Err(format!("path {text:?} must not contain control characters"));
     }
-    let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
-    if name.starts_with('.') || name.ends_with(CREATING_SUFFIX) {
-        return Err(format!(
-            "path \"{text}\": names starting with \".\" or ending in \"{CREATING_SUFFIX}\" are reserved for temporary files"
-        ));
-    }
     Ok(())
 }
 
@@ -376,8 +376,19 @@ pub fn check_volume_path(path: &Path) -> Result<(), String> {
 /// root, which keeps `check` and the capacity accounting from missing a
 /// volume. Not a rule of the registry: a registered volume attaches even
 /// after `config.toml` changed or went away.
+///
+/// Hidden and `.creating` names are refused here too: they are `create`'s
+/// temporaries. Not a parse error, so that an entry written before this
+/// rule keeps attaching.
 pub fn check_path(path: &Path, config: &Config) -> Result<(), String> {
     check_volume_path(path)?;
+    let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
+    if name.starts_with('.') || name.ends_with(CREATING_SUFFIX) {
+        return Err(format!(
+            "path \"{}\": names starting with \".\" or ending in \"{CREATING_SUFFIX}\" are reserved for temporary files",
+            path.display()
+        ));
+    }
     if config.storage_root_of(path).is_none() {
         let roots: Vec<_> = config
             .storage_roots
@@ -459,16 +470,6 @@ mod tests {
                 1,
                 "canonical",
             ),
-            (
-                minimal("").replace(&format!("/{ID}\""), "/.hidden\""),
-                2,
-                "reserved for temporary files",
-            ),
-            (
-                minimal("").replace(&format!("/{ID}\""), "/b.creating\""),
-                2,
-                "reserved for temporary files",
-            ),
             (minimal("sector_size = 1024\n"), 5, "512 or 4096"),
             (
                 minimal("sector_size = 4096\n").replace("1048576", "1049088"),
@@ -544,6 +545,16 @@ mod tests {
                 ),
             ]
         );
+    }
+
+    #[test]
+    fn temporary_names_are_refused_for_new_volumes_but_old_entries_read() {
+        let volume = parse(&minimal("").replace(&format!("/{ID}\""), "/.hidden\"")).unwrap();
+        assert!(check_path(&volume.path, &Config::default())
+            .unwrap_err()
+            .contains("reserved"));
+        let path = PathBuf::from("/var/lib/sparse-volume/b.creating");
+        assert!(check_path(&path, &Config::default()).is_err());
     }
 
     #[test]
