@@ -4,8 +4,10 @@
 //! `SPARSE_VOLUME_ROOT`) and `expected/`, the exact output directory
 //! (`expected/.empty` stands for an empty one, since git keeps no empty
 //! directories). An optional `expected.stderr-contains` lists lines that
-//! must each appear in the generator's stderr; without it, stderr must be
-//! empty. Adding a case means adding a directory.
+//! must each appear in the generator's stderr (its kernel-log lines, which
+//! go to stderr under `SPARSE_VOLUME_ROOT`), and every stderr line must
+//! contain one of them; without it, stderr must be empty. Adding a case
+//! means adding a directory.
 
 use std::collections::BTreeMap;
 use std::fs;
@@ -130,9 +132,17 @@ fn check_case(case: &Path) -> String {
     }
     match fs::read_to_string(case.join("expected.stderr-contains")) {
         Ok(wanted) => {
-            for line in wanted.lines().filter(|l| !l.is_empty()) {
+            let wanted: Vec<&str> = wanted.lines().filter(|l| !l.is_empty()).collect();
+            for line in &wanted {
                 if !stderr.contains(line) {
                     problems.push_str(&format!("  stderr lacks: {line}\n"));
+                }
+            }
+            // Both ways: a case must not quietly gain a warning or a
+            // skipped volume either.
+            for line in stderr.lines() {
+                if !wanted.iter().any(|w| line.contains(w)) {
+                    problems.push_str(&format!("  unexpected stderr line: {line}\n"));
                 }
             }
         }
