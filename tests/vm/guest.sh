@@ -434,7 +434,12 @@ systemd_commands() {
     mkfs.ext4 -q -F -U "$(new_uuid)" "/var/lib/sparse-volume/$bad"
     if out=$($CLI start "$bad" 2>&1); then fail "a volume with foreign content started: $out"; fi
     grep -q 'failed' <<<"$out" || fail "the failed start did not say so: $out"
-    $CLI remove "$bad" --delete-data
+    # remove --delete-data refuses a file that is not the volume's own.
+    if out=$($CLI remove "$bad" --delete-data 2>&1); then fail "remove --delete-data deleted foreign content: $out"; fi
+    grep -q 'not deleting' <<<"$out" || fail "the refusal did not say why: $out"
+    [[ -f /var/lib/sparse-volume/$bad ]] || fail "the refused remove deleted the file"
+    $CLI remove "$bad"
+    rm -f "/var/lib/sparse-volume/$bad"
     log "enable/disable/start/stop against systemd $(systemctl --version | head -n 1 | cut -d' ' -f2): ok"
 }
 
