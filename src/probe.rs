@@ -4,6 +4,7 @@
 
 use std::fs::File;
 use std::os::unix::fs::FileExt;
+use std::path::Path;
 
 use anyhow::{Context, Result};
 use uuid::Uuid;
@@ -115,6 +116,19 @@ pub fn identifies(content: &Content, mode: &Mode, uuid: Uuid) -> bool {
         }
         _ => false,
     }
+}
+
+/// Fails, naming what the file holds, unless `content` is the volume's.
+pub fn require_identity(content: &Content, mode: &Mode, uuid: Uuid, path: &Path) -> Result<()> {
+    if !identifies(content, mode, uuid) {
+        anyhow::bail!(
+            "backing file {} holds {}, not {}",
+            path.display(),
+            content.describe(),
+            expected_content(mode, uuid)
+        );
+    }
+    Ok(())
 }
 
 /// What `identifies` looks for, in words.

@@ -14,7 +14,7 @@ use crate::fsutil::backing_logical_block_size;
 use crate::loopdev::sys::{LO_FLAGS_AUTOCLEAR, LO_FLAGS_PARTSCAN, LO_FLAGS_READ_ONLY};
 use crate::loopdev::{self, BindOptions, LoopDevice, LoopStatus};
 use crate::paths::SystemRoot;
-use crate::probe::{expected_content, identifies, probe};
+use crate::probe::{probe, require_identity};
 use crate::registry::{Registry, Volume};
 use crate::udev::{wait_for_link, LinkOutcome};
 use crate::volume_id::VolumeId;
@@ -169,14 +169,7 @@ pub fn attach(root: &SystemRoot, id: &VolumeId) -> Result<AttachReport> {
 /// partition or mount that never comes.
 fn verify_content(backing: &File, volume: &Volume, path: &std::path::Path) -> Result<()> {
     let content = probe(backing).with_context(|| format!("reading {}", path.display()))?;
-    if !identifies(&content, &volume.mode, volume.id.uuid()) {
-        bail!(
-            "backing file {} holds {}, not {}",
-            path.display(),
-            content.describe(),
-            expected_content(&volume.mode, volume.id.uuid())
-        );
-    }
+    require_identity(&content, &volume.mode, volume.id.uuid(), path)?;
     if !content.works_with_sector_size(volume.sector_size) {
         bail!(
             "backing file {} holds {}, which does not read with the {}-byte sectors the registry records (sector_size)",

@@ -20,7 +20,7 @@ use crate::creating_mark::clear_creating_mark;
 use crate::fsutil::sync_dir;
 use crate::loopdev::devices_backed_by;
 use crate::paths::SystemRoot;
-use crate::probe::{expected_content, identifies, probe};
+use crate::probe::{probe, require_identity};
 use crate::registry::{Registry, Volume};
 use crate::volume_id::VolumeId;
 
@@ -141,13 +141,7 @@ fn verify_identity(volume: &Volume, host_path: &Path) -> Result<Option<std::fs::
         Err(e) => return Err(e.context("not deleting the backing file")),
     };
     let content = probe(&file).with_context(|| format!("reading {}", host_path.display()))?;
-    if !identifies(&content, &volume.mode, volume.id.uuid()) {
-        bail!(
-            "not deleting {}: it holds {}, not {}; the volume stays registered",
-            host_path.display(),
-            content.describe(),
-            expected_content(&volume.mode, volume.id.uuid())
-        );
-    }
+    require_identity(&content, &volume.mode, volume.id.uuid(), host_path)
+        .context("not deleting it; the volume stays registered")?;
     Ok(Some(file))
 }
