@@ -308,3 +308,25 @@ pub fn parent_loop_of(device: &Path) -> Option<u32> {
     };
     whole.strip_prefix("loop")?.parse().ok()
 }
+
+/// Loop devices backed by the file, matched by device + inode. Without
+/// root, `/dev/loopN` cannot be opened to compare inodes (and the storage
+/// directory may not even be searchable); for the devices we cannot open,
+/// the kernel's record of the backing file's path in sysfs (readable by
+/// anyone, and what `losetup` shows unprivileged users too) has to do.
+pub fn devices_of_file(host_path: &Path) -> Result<Vec<u32>> {
+    if let Ok(by_inode) = devices_backed_by(host_path) {
+        if !by_inode.is_empty() {
+            return Ok(by_inode);
+        }
+    }
+    let wanted = std::fs::canonicalize(host_path).unwrap_or_else(|_| host_path.to_path_buf());
+    Ok(bound_devices()?
+        .into_iter()
+        .filter(|n| LoopDevice::open(*n, false).is_err())
+        .filter(|n| {
+            std::fs::read_to_string(format!("/sys/block/loop{n}/loop/backing_file"))
+                .is_ok_and(|text| Path::new(text.trim_end_matches('\n')) == wanted)
+        })
+        .collect())
+}

@@ -9,6 +9,6 @@ pub use allocate::{
     bind_to_free_device, cancel_pending_detach, uses_direct_io, BindOptions, Bound,
 };
 pub use device::{
-    bound_devices, bound_statuses, devices_backed_by, parent_loop_of, LockedLoopDevice, LoopDevice,
-    LoopStatus, LOOP_CONTROL,
+    bound_devices, bound_statuses, devices_backed_by, devices_of_file, parent_loop_of,
+    LockedLoopDevice, LoopDevice, LoopStatus, LOOP_CONTROL,
 };

@@ -14,7 +14,6 @@ use super::Report;
 
 use super::activate::bring_up_now;
 use super::detach::{detach_device, recovery_hint};
-use super::inspect::attached_devices;
 use crate::backing::open_backing_file;
 use crate::capacity;
 use crate::creating_mark::{
@@ -352,7 +351,7 @@ fn audit_volume(audit: &mut Audit, volume: &Volume) -> Result<()> {
     }
 
     // Without root, devices are matched by the path sysfs shows.
-    let devices = attached_devices(&path)?;
+    let devices = loopdev::devices_of_file(&path)?;
     if devices.len() > 1 {
         // Keep the one in use (or the first); drop the others.
         let keep = devices
@@ -436,7 +435,7 @@ fn storage_root_leftovers(
                     .map(str::to_string)
             });
             let claimed = made_for.as_ref().is_some_and(|id| registered.contains(id))
-                || !attached_devices(&path)?.is_empty();
+                || !loopdev::devices_of_file(&path)?.is_empty();
             if (is_creating_name(&name) || has_creating_mark(&path)) && claimed {
                 audit.report(
                     "unregistered-file",

@@ -6,11 +6,11 @@
 
 use std::fs;
 use std::os::unix::fs::MetadataExt;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use serde::Serialize;
 
-use crate::loopdev::{bound_devices, devices_backed_by, LoopDevice};
+use crate::loopdev::{devices_of_file, LoopDevice};
 use crate::paths::SystemRoot;
 use crate::registry::{Mode, Volume};
 use crate::size::format_size;
@@ -107,7 +107,7 @@ pub fn inspect(root: &SystemRoot, volume: &Volume, unit_lookup: UnitLookup) -> V
         }
     };
 
-    let devices = match attached_devices(&host_path) {
+    let devices = match devices_of_file(&host_path) {
         Ok(devices) => devices,
         Err(e) => {
             problems.push(format!("cannot read the loop devices: {e:#}"));
@@ -176,28 +176,6 @@ pub fn inspect(root: &SystemRoot, volume: &Volume, unit_lookup: UnitLookup) -> V
         unit_result,
         problems,
     }
-}
-
-/// Loop devices backed by the file, matched by device + inode. Without
-/// root, `/dev/loopN` cannot be opened to compare inodes (and the storage
-/// directory may not even be searchable); for the devices we cannot open,
-/// the kernel's record of the backing file's path in sysfs (readable by
-/// anyone, and what `losetup` shows unprivileged users too) has to do.
-pub(super) fn attached_devices(host_path: &Path) -> anyhow::Result<Vec<u32>> {
-    if let Ok(by_inode) = devices_backed_by(host_path) {
-        if !by_inode.is_empty() {
-            return Ok(by_inode);
-        }
-    }
-    let wanted = fs::canonicalize(host_path).unwrap_or_else(|_| host_path.to_path_buf());
-    Ok(bound_devices()?
-        .into_iter()
-        .filter(|n| LoopDevice::open(*n, false).is_err())
-        .filter(|n| {
-            fs::read_to_string(format!("/sys/block/loop{n}/loop/backing_file"))
-                .is_ok_and(|text| Path::new(text.trim_end_matches('\n')) == wanted)
-        })
-        .collect())
 }
 
 impl VolumeInfo {
