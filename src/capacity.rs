@@ -14,7 +14,7 @@ use anyhow::{bail, Context, Result};
 use nix::sys::statvfs::statvfs;
 use serde::Serialize;
 
-use crate::paths::CONFIG_FILE;
+use crate::paths::{SystemRoot, CONFIG_FILE};
 use crate::registry::{Config, Registry, Reserve, Volume};
 use crate::size::format_size;
 use crate::volume_id::VolumeId;
@@ -30,6 +30,8 @@ pub struct Capacity {
     /// `free * overcommit_ratio - reserve`.
     pub promisable: u64,
     pub overcommit_ratio: f64,
+    /// The volumes counted in `committed` (those that may still grow).
+    pub growing: Vec<String>,
 }
 
 impl Capacity {
@@ -52,7 +54,7 @@ pub fn growth_potential(volume: &Volume, host_path: &Path) -> u64 {
 
 /// The file system's identity (`st_dev`) of a path or its nearest
 /// existing ancestor.
-fn device_of(path: &Path) -> Result<u64> {
+pub fn device_of(path: &Path) -> Result<u64> {
     let mut current = Some(path);
     while let Some(candidate) = current {
         if let Ok(meta) = std::fs::metadata(candidate) {
@@ -71,24 +73,15 @@ pub fn measure(
     directory: &Path,
     excluded: Option<&VolumeId>,
 ) -> Result<Capacity> {
-    let stats = statvfs(directory)
-        .with_context(|| format!("measuring free space of {}", directory.display()))?;
-    let fragment = stats.fragment_size();
-    let free = stats.blocks_available() * fragment;
-    let total = stats.blocks() * fragment;
+    let (free, total) = free_and_total(directory)?;
     let device = device_of(directory)?;
-
-    let mut committed = 0u64;
-    for entry in registry.entries()? {
-        let Ok(volume) = entry.volume else { continue };
-        if Some(&volume.id) == excluded {
-            continue;
-        }
-        let host_path: PathBuf = registry.root().host_path(&volume.path);
-        if device_of(&host_path).ok() == Some(device) {
-            committed = committed.saturating_add(growth_potential(&volume, &host_path));
-        }
-    }
+    let volumes: Vec<Volume> = registry
+        .entries()?
+        .into_iter()
+        .filter_map(|entry| entry.volume.ok())
+        .filter(|volume| Some(&volume.id) != excluded)
+        .collect();
+    let (committed, growing) = growth_on(registry.root(), device, &volumes);
 
     // A broken config.toml must not silently mean "no reserve".
     let config = registry.provisioning_config()?;
@@ -101,7 +94,111 @@ pub fn measure(
         reserve,
         promisable: promisable.saturating_sub(reserve),
         overcommit_ratio: config.overcommit_ratio,
+        growing,
     })
+}
+
+/// Bytes unprivileged writers can still get (`f_bavail`; root and the
+/// loop driver may dip into the file system's reserved blocks beyond it)
+/// and the size, of the file system holding `directory`.
+fn free_and_total(directory: &Path) -> Result<(u64, u64)> {
+    let stats = statvfs(directory)
+        .with_context(|| format!("measuring free space of {}", directory.display()))?;
+    let fragment = stats.fragment_size();
+    Ok((
+        stats.blocks_available() * fragment,
+        stats.blocks() * fragment,
+    ))
+}
+
+/// What the `volumes` on file system `device` may still grow into, and
+/// which of them may grow.
+fn growth_on(root: &SystemRoot, device: u64, volumes: &[Volume]) -> (u64, Vec<String>) {
+    let mut committed = 0u64;
+    let mut growing = Vec::new();
+    for volume in volumes {
+        let host_path: PathBuf = root.host_path(&volume.path);
+        if device_of(&host_path).ok() != Some(device) {
+            continue;
+        }
+        let growth = growth_potential(volume, &host_path);
+        if growth > 0 {
+            committed = committed.saturating_add(growth);
+            growing.push(volume.id.to_string());
+        }
+    }
+    (committed, growing)
+}
+
+/// The file system under some backing files, against what their volumes
+/// may still grow into: `list`, `status` and `check` show it, because a
+/// file system that fills up turns a consumer's writes into I/O errors.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct BackingFs {
+    /// Where it was measured: the directory of the first volume's file.
+    pub directory: PathBuf,
+    /// Free bytes (for unprivileged writers: `f_bavail`).
+    pub free: u64,
+    pub total: u64,
+    /// Sum of `size - allocated` of its sparse volumes.
+    pub committed_growth: u64,
+    /// The volumes that may still grow (UUIDs).
+    pub volumes: Vec<String>,
+    /// `committed_growth > free`: if the volumes grow, writes inside them
+    /// fail.
+    pub short: bool,
+}
+
+/// The backing file systems of `volumes`, keyed by `st_dev`. A volume
+/// whose file system cannot be measured has no entry.
+pub fn backing_file_systems(
+    root: &SystemRoot,
+    volumes: &[Volume],
+) -> std::collections::BTreeMap<u64, BackingFs> {
+    let mut found = std::collections::BTreeMap::new();
+    for volume in volumes {
+        let host_path = root.host_path(&volume.path);
+        let Some(directory) = host_path
+            .ancestors()
+            .skip(1)
+            .find(|p| p.is_dir())
+            .map(Path::to_path_buf)
+        else {
+            continue;
+        };
+        let Ok(device) = device_of(&directory) else {
+            continue;
+        };
+        if found.contains_key(&device) {
+            continue;
+        }
+        let Ok((free, total)) = free_and_total(&directory) else {
+            continue;
+        };
+        let (committed_growth, growing) = growth_on(root, device, volumes);
+        found.insert(
+            device,
+            BackingFs {
+                directory,
+                free,
+                total,
+                committed_growth,
+                volumes: growing,
+                short: committed_growth > free,
+            },
+        );
+    }
+    found
+}
+
+/// The entry of [`backing_file_systems`] that holds `volume`'s file.
+pub fn backing_fs_of<'a>(
+    root: &SystemRoot,
+    file_systems: &'a std::collections::BTreeMap<u64, BackingFs>,
+    volume: &Volume,
+) -> Option<&'a BackingFs> {
+    let device = device_of(&root.host_path(&volume.path)).ok()?;
+    file_systems.get(&device)
 }
 
 fn reserve_bytes(config: &Config, total: u64) -> u64 {

@@ -9,7 +9,7 @@ use uuid::Uuid;
 
 use crate::registry::FsType;
 
-/// Runs a tool; on failure the error carries its last line of output.
+/// Runs a tool; on failure the error carries the line that says why.
 pub fn run<I, S>(program: &str, args: I) -> Result<()>
 where
     I: IntoIterator<Item = S>,
@@ -23,17 +23,32 @@ where
     if !output.status.success() {
         let stderr = String::from_utf8_lossy(&output.stderr);
         let stdout = String::from_utf8_lossy(&output.stdout);
-        let last_line = |text: &str| {
-            text.lines()
-                .rfind(|l| !l.trim().is_empty())
-                .map(|l| l.trim().to_string())
-        };
-        let last = last_line(&stderr)
-            .or_else(|| last_line(&stdout))
-            .unwrap_or_else(|| "no output".to_string());
-        bail!("{program} failed ({}): {last}", output.status);
+        bail!(
+            "{program} failed ({}): {}",
+            output.status,
+            failure_reason(program, &stderr, &stdout)
+        );
     }
     Ok(())
+}
+
+/// The e2fsprogs and xfsprogs tools put their reason on a line of its own
+/// that starts with their name, before any usage text; failing that, the
+/// last thing a tool printed is the best guess.
+fn failure_reason(program: &str, stderr: &str, stdout: &str) -> String {
+    let prefix = format!("{program}:");
+    let last_line = |text: &str| {
+        text.lines()
+            .rfind(|l| !l.trim().is_empty())
+            .map(|l| l.trim().to_string())
+    };
+    stderr
+        .lines()
+        .find(|l| l.trim_start().starts_with(&prefix))
+        .map(|l| l.trim().to_string())
+        .or_else(|| last_line(stderr))
+        .or_else(|| last_line(stdout))
+        .unwrap_or_else(|| "no output".to_string())
 }
 
 /// Makes a file system whose UUID is the volume UUID, for a device with
@@ -90,4 +105,21 @@ pub fn grow_ext4(target: &Path, mounted: bool) -> Result<()> {
 /// xfs grows only while mounted, addressed by its mount point.
 pub fn grow_xfs(mount_point: &Path) -> Result<()> {
     run("xfs_growfs", [mount_point.as_os_str()])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::failure_reason;
+
+    #[test]
+    fn the_reason_is_the_tool_s_own_line_not_its_usage() {
+        let stderr = "mkfs.ext4: invalid option -- 'Z'\nUsage: mkfs.ext4 [-c|-l filename]\n\t[-jnqvDFSV] device [blocks-count]\n";
+        assert_eq!(
+            failure_reason("mkfs.ext4", stderr, ""),
+            "mkfs.ext4: invalid option -- 'Z'"
+        );
+        assert_eq!(failure_reason("mkfs.xfs", "first\nlast\n\n", ""), "last");
+        assert_eq!(failure_reason("x", "", "out\n"), "out");
+        assert_eq!(failure_reason("x", "", ""), "no output");
+    }
 }

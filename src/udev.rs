@@ -3,9 +3,16 @@
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+use crate::paths::SystemRoot;
+
 /// udev's control socket exists exactly while systemd-udevd runs.
-pub fn is_running() -> bool {
-    Path::new("/run/udev/control").exists()
+pub const CONTROL_SOCKET: &str = "/run/udev/control";
+
+/// Whether udev runs. The socket is looked up below `SPARSE_VOLUME_ROOT`
+/// like every other path, so a test can make attach wait for a link that
+/// never comes (the links themselves are the host's: devices are real).
+pub fn is_running(root: &SystemRoot) -> bool {
+    root.host_path(CONTROL_SOCKET).exists()
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -21,8 +28,13 @@ pub enum LinkOutcome {
 /// Polls until `link` resolves to `device`. Polling (not inotify) keeps
 /// this simple: links appear within milliseconds on a healthy system and
 /// the wait is bounded either way.
-pub fn wait_for_link(link: &Path, device: &Path, timeout: Duration) -> LinkOutcome {
-    if !is_running() {
+pub fn wait_for_link(
+    root: &SystemRoot,
+    link: &Path,
+    device: &Path,
+    timeout: Duration,
+) -> LinkOutcome {
+    if !is_running(root) {
         return LinkOutcome::NoUdev;
     }
     let deadline = Instant::now() + timeout;
@@ -35,5 +47,44 @@ pub fn wait_for_link(link: &Path, device: &Path, timeout: Duration) -> LinkOutco
             return LinkOutcome::TimedOut { points_to };
         }
         std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn without_udev_nothing_waits() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = SystemRoot::at(dir.path().to_path_buf());
+        let outcome = wait_for_link(
+            &root,
+            Path::new("/nonexistent/link"),
+            Path::new("/dev/null"),
+            Duration::from_secs(3600),
+        );
+        assert_eq!(outcome, LinkOutcome::NoUdev);
+    }
+
+    #[test]
+    fn with_udev_a_link_is_followed() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = SystemRoot::at(dir.path().to_path_buf());
+        let control = root.host_path(CONTROL_SOCKET);
+        std::fs::create_dir_all(control.parent().unwrap()).unwrap();
+        std::fs::write(&control, "").unwrap();
+        let link = dir.path().join("link");
+        std::os::unix::fs::symlink("/dev/null", &link).unwrap();
+        assert_eq!(
+            wait_for_link(&root, &link, Path::new("/dev/null"), Duration::ZERO),
+            LinkOutcome::Linked
+        );
+        assert_eq!(
+            wait_for_link(&root, &link, Path::new("/dev/zero"), Duration::ZERO),
+            LinkOutcome::TimedOut {
+                points_to: Some(PathBuf::from("/dev/null"))
+            }
+        );
     }
 }

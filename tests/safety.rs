@@ -155,6 +155,7 @@ fn an_attach_racing_remove_delete_data_never_binds_the_deleted_file() {
         .arg(env!("CARGO_BIN_EXE_sparse-volume"))
         .args(["remove", &uuid, "--delete-data"])
         .env("SPARSE_VOLUME_ROOT", fx.root.path())
+        .env("DBUS_SYSTEM_BUS_ADDRESS", fx.absent_bus())
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()
@@ -451,6 +452,7 @@ fn run_as_nobody(fx: &Fixture, args: &[&str]) -> common::Run {
         .arg(env!("CARGO_BIN_EXE_sparse-volume"))
         .args(args)
         .env("SPARSE_VOLUME_ROOT", fx.root.path())
+        .env("DBUS_SYSTEM_BUS_ADDRESS", fx.absent_bus())
         .output()
         .unwrap();
     common::Run {

@@ -7,7 +7,8 @@
 //! fails the boot because of the registry: a bad volume file is logged and
 //! skipped, a bad `config.toml` is logged and the built-in defaults apply,
 //! unknown keys are logged and ignored. Only failing to write the output
-//! directory is an error.
+//! directory is an error. The kernel command line's emergency switch
+//! (`sparse_volume=off`, `sparse_volume.skip=`) leaves volumes out.
 
 mod escape;
 mod kmsg;
@@ -19,6 +20,7 @@ use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
+use sparse_volume::kernel_cmdline::{EmergencySwitch, Skip};
 use sparse_volume::paths::SystemRoot;
 use sparse_volume::registry::Registry;
 
@@ -31,7 +33,10 @@ usage: sparse-volume-generator NORMAL_DIR [EARLY_DIR LATE_DIR]
 A systemd generator (see systemd.generator(7)): systemd passes three output
 directories; one directory is accepted for testing (systemd-analyze, tests).
 Links and drop-ins go into the first. SPARSE_VOLUME_ROOT=DIR reads the registry
-below DIR instead of /.
+and proc/cmdline below DIR instead of /.
+
+Kernel command line: sparse_volume=off generates no volume units;
+sparse_volume.skip=UUID[,UUID...] leaves out those volumes.
 ";
 
 enum Invocation {
@@ -74,6 +79,18 @@ fn generate(normal_dir: &Path) -> ExitCode {
     let root = SystemRoot::from_env();
     let log = Kmsg::open(root.is_overridden());
 
+    let switch = EmergencySwitch::read(&root);
+    for problem in switch.problems() {
+        log.warning(&format!("kernel command line: {problem}"));
+    }
+    // Before the registry is even read: the switch is how an operator gets
+    // past a registry or a volume that breaks the boot.
+    if switch.is_off() {
+        log.warning(&format!("{}: no volume units generated", Skip::Off));
+        return ExitCode::SUCCESS;
+    }
+    let mut unmatched_skips: Vec<_> = switch.skipped().collect();
+
     let registry = Registry::open(root);
     if let Some(problem) = registry.config_problem() {
         log.warning(&format!("{problem}; using built-in defaults"));
@@ -97,6 +114,10 @@ fn generate(normal_dir: &Path) -> ExitCode {
         match entry.volume {
             Err(e) => log.warning(&format!("{e}; volume skipped")),
             Ok(volume) if !volume.enabled => {}
+            Ok(volume) if switch.skips(&volume.id).is_some() => {
+                unmatched_skips.retain(|id| *id != volume.id);
+                log.warning(&format!("volume {} skipped: {}", volume.id, Skip::Listed));
+            }
             Ok(volume) => {
                 if let Err(reason) = plan.add_volume(&volume) {
                     log.warning(&format!(
@@ -106,6 +127,15 @@ fn generate(normal_dir: &Path) -> ExitCode {
                 }
             }
         }
+    }
+
+    for id in unmatched_skips {
+        // Most likely a typo, and then the volume the operator meant to
+        // keep out of this boot is still attached.
+        log.warning(&format!(
+            "{}: {id} is not an enabled volume in the registry; nothing skipped for it",
+            Skip::Listed.switch()
+        ));
     }
 
     match output::write_all(normal_dir, &plan.finish(registry.config())) {

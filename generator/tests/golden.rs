@@ -1,7 +1,7 @@
 //! Golden-file tests: every directory under `tests/generator/` is one case.
 //!
-//! A case holds an input tree (`etc/sparse-volume/...`, read through
-//! `SPARSE_VOLUME_ROOT`) and `expected/`, the exact output directory
+//! A case holds an input tree (`etc/sparse-volume/...` and optionally
+//! `proc/cmdline`, read through `SPARSE_VOLUME_ROOT`) and `expected/`, the exact output directory
 //! (`expected/.empty` stands for an empty one, since git keeps no empty
 //! directories). An optional `expected.stderr-contains` lists lines that
 //! must each appear in the generator's stderr (its kernel-log lines, which

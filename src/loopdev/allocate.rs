@@ -10,13 +10,18 @@ use anyhow::{bail, Context, Result};
 use nix::errno::Errno;
 
 use super::device::{LockedControl, LockedLoopDevice, LoopDevice, LoopStatus};
+use super::discard::{forbid_discards, renew_device, DiscardLimits};
 use super::sys::{
     LoopInfo64, LO_FLAGS_AUTOCLEAR, LO_FLAGS_DIRECT_IO, LO_FLAGS_PARTSCAN, LO_FLAGS_READ_ONLY,
 };
+use crate::faultpoint;
 
 /// Another process (one that ignores the control lock, such as `losetup`)
 /// can take the device we were handed; we then ask again.
 const MAX_ATTEMPTS: u32 = 64;
+/// How often a sparse volume is moved off devices that carry a
+/// preallocated volume's discard limit before it keeps one.
+const MAX_RESIDUE_MOVES: u32 = 4;
 
 #[derive(Clone, Debug)]
 pub struct BindOptions {
@@ -29,6 +34,10 @@ pub struct BindOptions {
     pub block_size: u32,
     /// Stored in `lo_file_name`, so the device can be found without the file.
     pub reference: String,
+    /// Whether discards may punch holes into the backing file. Off for
+    /// preallocated volumes: their space is a promise a consumer's `fstrim`
+    /// must not quietly break.
+    pub discard: bool,
 }
 
 #[derive(Clone, Debug)]
@@ -37,6 +46,8 @@ pub struct Bound {
     pub status: LoopStatus,
     /// How the kernel was asked: `LOOP_CONFIGURE` or the pre-5.8 fallback.
     pub legacy_ioctls: bool,
+    /// What the caller should pass on to the user.
+    pub warnings: Vec<String>,
 }
 
 impl BindOptions {
@@ -59,6 +70,7 @@ impl BindOptions {
 /// Binds `backing` (opened read-write, or read-only for a read-only
 /// volume) to a new loop device.
 pub fn bind_to_free_device(backing: &File, options: &BindOptions) -> Result<Bound> {
+    let mut warnings = Vec::new();
     for attempt in 0..MAX_ATTEMPTS {
         let control = LockedControl::acquire()?;
         let number = control.get_free()?;
@@ -73,10 +85,25 @@ pub fn bind_to_free_device(backing: &File, options: &BindOptions) -> Result<Boun
         match configure(&device, backing, options) {
             Ok(legacy_ioctls) => {
                 let status = verify(&device, backing, options)?;
+                match settle_discards(&device, options) {
+                    Discards::AsWanted => {}
+                    Discards::NotForbidden(warning) => warnings.push(warning),
+                    Discards::LeftOff if attempt + 1 < MAX_RESIDUE_MOVES => {
+                        let _ = device.clear();
+                        drop(device);
+                        renew_device(&control, number);
+                        continue;
+                    }
+                    Discards::LeftOff => warnings.push(format!(
+                        "{} does not pass discards (an earlier preallocated volume turned them off and the device could not be renewed); fstrim in this volume returns no space",
+                        LoopDevice::path_of(number).display()
+                    )),
+                }
                 return Ok(Bound {
                     number,
                     status,
                     legacy_ioctls,
+                    warnings,
                 });
             }
             Err(Errno::EBUSY) => {
@@ -101,12 +128,12 @@ fn configure(
     options: &BindOptions,
 ) -> Result<bool, Errno> {
     let block_size = options.block_size;
-    let first = device.configure(backing, options.info(options.direct_io), block_size);
+    let first = configure_once(device, backing, options.info(options.direct_io), block_size);
     let result = match first {
         // Some kernels refuse direct I/O outright when the backing file
         // system cannot do it; buffered I/O still works.
         Err(Errno::EINVAL) if options.direct_io => {
-            device.configure(backing, options.info(false), block_size)
+            configure_once(device, backing, options.info(false), block_size)
         }
         other => other,
     };
@@ -115,9 +142,64 @@ fn configure(
         // Kernels before 5.8 do not know LOOP_CONFIGURE.
         Err(Errno::EINVAL | Errno::ENOTTY) => {
             device.set_fd_then_status(backing, &options.info(false), block_size)?;
+            // Direct I/O is switched on separately there, and is only a
+            // preference: buffered I/O still works where it is refused.
+            if options.direct_io && device.set_direct_io(true).is_err() {
+                tracing::debug!(
+                    "the kernel refused direct I/O on {}",
+                    device.path().display()
+                );
+            }
             Ok(true)
         }
         Err(errno) => Err(errno),
+    }
+}
+
+/// One `LOOP_CONFIGURE`, or the failure a fault point asks for.
+fn configure_once(
+    device: &LockedLoopDevice,
+    backing: &File,
+    mut info: LoopInfo64,
+    block_size: u32,
+) -> Result<(), Errno> {
+    if faultpoint::fails(faultpoint::CONFIGURE_UNSUPPORTED) {
+        return Err(Errno::EINVAL);
+    }
+    if info.lo_flags & LO_FLAGS_DIRECT_IO != 0 && faultpoint::fails(faultpoint::DIRECT_IO_REFUSED) {
+        return Err(Errno::EINVAL);
+    }
+    if faultpoint::fails(faultpoint::DEVICE_TAKEN) {
+        return Err(Errno::EBUSY);
+    }
+    if faultpoint::fails(faultpoint::FLAGS_IGNORED) {
+        info.lo_flags &= !(LO_FLAGS_READ_ONLY | LO_FLAGS_PARTSCAN);
+    }
+    device.configure(backing, info, block_size)
+}
+
+enum Discards {
+    AsWanted,
+    /// A preallocated volume's device still passes discards (the warning).
+    NotForbidden(String),
+    /// A sparse volume landed on a device whose discards were left off.
+    LeftOff,
+}
+
+/// Applies the volume's discard policy while udev still waits for our
+/// lock, so no consumer ever sees the device with the wrong one.
+fn settle_discards(device: &LockedLoopDevice, options: &BindOptions) -> Discards {
+    if !options.discard {
+        return match forbid_discards(device.number()) {
+            Ok(()) => Discards::AsWanted,
+            Err(error) => Discards::NotForbidden(format!(
+                "{error:#}; a consumer's fstrim can hand the preallocated space back"
+            )),
+        };
+    }
+    match DiscardLimits::of(device.number()) {
+        Some(limits) if limits.turned_off() => Discards::LeftOff,
+        _ => Discards::AsWanted,
     }
 }
 

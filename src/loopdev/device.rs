@@ -33,6 +33,12 @@ impl LockedControl {
         Ok(Self { control })
     }
 
+    /// Deletes the unbound device `number`, so the next device of that
+    /// number starts from the kernel's defaults.
+    pub fn remove(&self, number: u32) -> Result<(), Errno> {
+        sys::ctl_remove(self.control.as_fd(), number)
+    }
+
     /// The number of a free loop device (allocating one if needed).
     pub fn get_free(&self) -> Result<u32> {
         sys::ctl_get_free(self.control.as_fd()).context("asking the kernel for a free loop device")
@@ -230,6 +236,10 @@ impl LockedLoopDevice {
 
     pub fn logical_block_size(&self) -> Result<u32, Errno> {
         sys::logical_block_size(self.file.as_fd())
+    }
+
+    pub fn set_direct_io(&self, on: bool) -> Result<(), Errno> {
+        sys::set_direct_io(self.file.as_fd(), on)
     }
 
     pub fn set_status(&self, info: &LoopInfo64) -> Result<(), Errno> {

@@ -3,6 +3,7 @@
 
 mod allocate;
 mod device;
+mod discard;
 pub mod sys;
 
 pub use allocate::{
@@ -12,3 +13,4 @@ pub use device::{
     bound_devices, bound_statuses, devices_backed_by, devices_of_file, parent_loop_of,
     LockedLoopDevice, LoopDevice, LoopStatus, LOOP_CONTROL,
 };
+pub use discard::{forbid_discards, renew_if_discards_left_off, DiscardLimits};

@@ -19,8 +19,10 @@ const LOOP_CLR_FD: libc::c_ulong = 0x4C01;
 const LOOP_SET_STATUS64: libc::c_ulong = 0x4C04;
 const LOOP_GET_STATUS64: libc::c_ulong = 0x4C05;
 const LOOP_SET_CAPACITY: libc::c_ulong = 0x4C07;
+const LOOP_SET_DIRECT_IO: libc::c_ulong = 0x4C08;
 const LOOP_SET_BLOCK_SIZE: libc::c_ulong = 0x4C09;
 const LOOP_CONFIGURE: libc::c_ulong = 0x4C0A;
+const LOOP_CTL_REMOVE: libc::c_ulong = 0x4C81;
 const LOOP_CTL_GET_FREE: libc::c_ulong = 0x4C82;
 
 /// `struct loop_info64`.
@@ -115,6 +117,19 @@ pub fn ctl_get_free(control: BorrowedFd<'_>) -> Result<u32, Errno> {
     Ok(number as u32)
 }
 
+/// Deletes an unbound, unopened loop device (`EBUSY` otherwise).
+pub fn ctl_remove(control: BorrowedFd<'_>, number: u32) -> Result<(), Errno> {
+    // SAFETY: LOOP_CTL_REMOVE takes the device number by value.
+    check(unsafe {
+        libc::ioctl(
+            control.as_raw_fd(),
+            LOOP_CTL_REMOVE,
+            libc::c_ulong::from(number),
+        )
+    })
+    .map(drop)
+}
+
 pub fn configure(device: BorrowedFd<'_>, config: &LoopConfig) -> Result<(), Errno> {
     // SAFETY: the kernel reads a `struct loop_config`, which `LoopConfig`
     // mirrors with `repr(C)`; the reference outlives the call.
@@ -176,6 +191,19 @@ pub fn clear_fd(device: BorrowedFd<'_>) -> Result<(), Errno> {
 pub fn set_capacity(device: BorrowedFd<'_>) -> Result<(), Errno> {
     // SAFETY: LOOP_SET_CAPACITY takes no argument.
     check(unsafe { libc::ioctl(device.as_raw_fd(), LOOP_SET_CAPACITY, 0) }).map(drop)
+}
+
+/// Direct I/O on or off, for a kernel without `LOOP_CONFIGURE`.
+pub fn set_direct_io(device: BorrowedFd<'_>, on: bool) -> Result<(), Errno> {
+    // SAFETY: LOOP_SET_DIRECT_IO takes the switch by value.
+    check(unsafe {
+        libc::ioctl(
+            device.as_raw_fd(),
+            LOOP_SET_DIRECT_IO,
+            libc::c_ulong::from(on),
+        )
+    })
+    .map(drop)
 }
 
 /// The logical sector size, for a kernel without `LOOP_CONFIGURE`.

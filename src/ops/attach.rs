@@ -2,20 +2,22 @@
 
 use std::fs::File;
 use std::os::unix::fs::MetadataExt;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
-use anyhow::{bail, Context, Result};
+use anyhow::{anyhow, bail, Context, Result};
 use serde::Serialize;
 
+use super::detach::detach_device;
 use super::Report;
 
 use crate::backing::open_backing_file;
 use crate::fsutil::backing_logical_block_size;
+use crate::kernel_cmdline;
 use crate::loopdev::sys::{LO_FLAGS_AUTOCLEAR, LO_FLAGS_PARTSCAN, LO_FLAGS_READ_ONLY};
-use crate::loopdev::{self, BindOptions, LoopDevice, LoopStatus};
+use crate::loopdev::{self, forbid_discards, BindOptions, DiscardLimits, LoopDevice, LoopStatus};
 use crate::paths::SystemRoot;
 use crate::probe::{probe, require_identity};
-use crate::registry::{Registry, Volume};
+use crate::registry::{Mode, Registry, Volume};
 use crate::udev::{wait_for_link, LinkOutcome};
 use crate::volume_id::VolumeId;
 
@@ -24,7 +26,8 @@ pub struct AttachReport {
     pub changed: bool,
     pub uuid: String,
     pub device: PathBuf,
-    /// Block mode: the partition device consumers use.
+    /// Block mode: the partition device consumers use, when the kernel
+    /// made one (sysfs shows it); `None` otherwise.
     pub partition: Option<PathBuf>,
     pub link: PathBuf,
     /// `linked`, or `no-udev` when no udev runs to make the link.
@@ -59,7 +62,18 @@ impl Report for AttachReport {
     }
 }
 
+/// Where the kernel shows block devices and their partitions.
+const SYS_BLOCK: &str = "/sys/block";
+
 pub fn attach(root: &SystemRoot, id: &VolumeId) -> Result<AttachReport> {
+    // The operator's way past a volume that breaks the boot: honoured by
+    // hand, too, so nothing brings the volume back before the reboot.
+    if let Some(skip) = kernel_cmdline::skip_reason(root, id) {
+        bail!(
+            "the volume is skipped by {skip}; reboot without {} to attach it",
+            skip.switch()
+        );
+    }
     let registry = Registry::open(root.clone());
     // The entry is read under the volume lock: a remove holds that lock
     // from its detach until the entry is gone, so an attach waiting here
@@ -81,7 +95,9 @@ pub fn attach(root: &SystemRoot, id: &VolumeId) -> Result<AttachReport> {
         .filter(|(_, status)| status.is_backed_by(meta.dev(), meta.ino()))
         .collect();
 
-    let (number, status, changed) = match existing.split_first() {
+    // `bound_here`: a device this call bound, and so must release again
+    // if attaching fails after all; a device found bound is left alone.
+    let (number, status, changed, bound_here) = match existing.split_first() {
         Some(((number, status), duplicates)) => {
             for (other, _) in duplicates {
                 warnings.push(format!(
@@ -98,7 +114,8 @@ pub fn attach(root: &SystemRoot, id: &VolumeId) -> Result<AttachReport> {
             }
             warnings.extend(flag_mismatches(&status, &volume));
             warnings.extend(sector_size_mismatch(*number, &volume));
-            (*number, status, cancelled)
+            warnings.extend(discard_policy_of_existing(*number, &volume));
+            (*number, status, cancelled, false)
         }
         None => {
             // The kernel silently drops direct I/O when the loop device's
@@ -112,8 +129,10 @@ pub fn attach(root: &SystemRoot, id: &VolumeId) -> Result<AttachReport> {
                 direct_io: volume.direct_io && sector_warning.is_none(),
                 block_size: volume.sector_size,
                 reference: id.loop_reference(),
+                discard: !volume.preallocated,
             };
             let bound = loopdev::bind_to_free_device(&backing, &options)?;
+            warnings.extend(bound.warnings);
             if let Some(warning) = sector_warning {
                 warnings.push(warning);
             } else if volume.direct_io && !loopdev::uses_direct_io(&bound.status) {
@@ -122,32 +141,43 @@ pub fn attach(root: &SystemRoot, id: &VolumeId) -> Result<AttachReport> {
                         .into(),
                 );
             }
-            (bound.number, bound.status, true)
+            (bound.number, bound.status, true, true)
         }
     };
 
     let device = LoopDevice::path_of(number);
-    let partition = volume
-        .mode
-        .is_block()
-        .then(|| PathBuf::from(format!("{}p1", device.display())));
+    let partition = match volume.mode {
+        Mode::Block => {
+            let found = partition_of(Path::new(SYS_BLOCK), number);
+            if found.is_none() {
+                warnings.push(format!(
+                    "the kernel made no partition device for {} (does it parse GPT partition tables?); consumers of {} will not find the volume",
+                    device.display(),
+                    volume.mode.udev_link(id).display()
+                ));
+            }
+            found
+        }
+        Mode::Filesystem { .. } => None,
+    };
     let link = volume.mode.udev_link(id);
-    let target = partition.clone().unwrap_or_else(|| device.clone());
-    let timeout = registry.config().udev_timeout;
-    let link_state = match wait_for_link(&link, &target, timeout) {
-        LinkOutcome::Linked => "linked",
-        LinkOutcome::NoUdev => "no-udev",
-        LinkOutcome::TimedOut { points_to } => bail!(
-            "{} is attached, but udev did not point {} at {} within {} s{}",
-            device.display(),
-            link.display(),
-            target.display(),
-            timeout.as_secs(),
-            points_to.map_or(String::new(), |p| format!(
-                " (it points at {})",
-                p.display()
+    let waited = await_link(
+        root,
+        &registry,
+        &volume,
+        &device,
+        partition.is_some(),
+        &link,
+    );
+    let link_state = match waited {
+        Ok(state) => state,
+        Err(failure) if bound_here => return Err(release(number, failure)),
+        Err(failure) => {
+            return Err(anyhow!(
+                "{failure:#}; {} was attached before this call and stays attached",
+                device.display()
             ))
-        ),
+        }
     };
 
     Ok(AttachReport {
@@ -161,6 +191,77 @@ pub fn attach(root: &SystemRoot, id: &VolumeId) -> Result<AttachReport> {
         read_only: status.has(LO_FLAGS_READ_ONLY),
         warnings,
     })
+}
+
+/// Waits for udev's link to the device consumers use: the partition in
+/// block mode (named even before the kernel shows it, as it may still
+/// come), the whole device otherwise.
+fn await_link(
+    root: &SystemRoot,
+    registry: &Registry,
+    volume: &Volume,
+    device: &Path,
+    has_partition: bool,
+    link: &Path,
+) -> Result<&'static str> {
+    let target = match volume.mode {
+        Mode::Block => PathBuf::from(format!("{}p1", device.display())),
+        Mode::Filesystem { .. } => device.to_path_buf(),
+    };
+    let timeout = registry.config().udev_timeout;
+    match wait_for_link(root, link, &target, timeout) {
+        LinkOutcome::Linked => Ok("linked"),
+        LinkOutcome::NoUdev => Ok("no-udev"),
+        LinkOutcome::TimedOut { points_to } => {
+            let seen = points_to.map_or(String::new(), |p| {
+                format!(" (it points at {})", p.display())
+            });
+            // A failed attach shows no warnings; the likely cause must be
+            // in the error itself.
+            let cause = if volume.mode.is_block() && !has_partition {
+                format!(
+                    ", and the kernel made no partition device for {}",
+                    device.display()
+                )
+            } else {
+                String::new()
+            };
+            bail!(
+                "udev did not point {} at {} within {} s{seen}{cause}",
+                link.display(),
+                target.display(),
+                timeout.as_secs(),
+            )
+        }
+    }
+}
+
+/// A failed start leaves nothing behind: detaches the device this call
+/// bound, and says whether that worked, in the one error sentence.
+fn release(number: u32, failure: anyhow::Error) -> anyhow::Error {
+    let device = LoopDevice::path_of(number);
+    match detach_device(number) {
+        Ok(()) => anyhow!(
+            "{failure:#}; detached {} again, which this attach had bound",
+            device.display()
+        ),
+        Err(release_error) => anyhow!(
+            "{failure:#}; releasing {} (bound by this attach) failed too: {release_error:#}",
+            device.display()
+        ),
+    }
+}
+
+/// The first partition of `loopN` as the kernel shows it in sysfs
+/// (`<sys_block>/loopN/loopNp1`), as the `/dev` node consumers open.
+/// Without partition parsers (or a table it reads) the kernel makes none.
+fn partition_of(sys_block: &Path, number: u32) -> Option<PathBuf> {
+    let name = format!("loop{number}p1");
+    sys_block
+        .join(format!("loop{number}"))
+        .join(&name)
+        .is_dir()
+        .then(|| Path::new("/dev").join(name))
 }
 
 /// The content must carry the volume's UUID: attaching someone else's data
@@ -225,6 +326,25 @@ fn size_warning(backing: &File, volume: &Volume) -> Option<String> {
     })
 }
 
+/// A device bound by hand or by an older version may pass discards into
+/// a preallocated file (turned off here), or may carry a preallocated
+/// volume's "no discards" into a sparse one (which only a new device fixes).
+fn discard_policy_of_existing(number: u32, volume: &Volume) -> Option<String> {
+    if volume.preallocated {
+        return forbid_discards(number).err().map(|error| {
+            format!("{error:#}; a consumer's fstrim can hand the preallocated space back")
+        });
+    }
+    DiscardLimits::of(number)
+        .filter(DiscardLimits::turned_off)
+        .map(|_| {
+            format!(
+                "{} does not pass discards, so fstrim in this sparse volume returns no space; detach and attach again",
+                LoopDevice::path_of(number).display()
+            )
+        })
+}
+
 fn flag_mismatches(status: &LoopStatus, volume: &Volume) -> Vec<String> {
     let mut warnings = Vec::new();
     if volume.read_only && !status.has(LO_FLAGS_READ_ONLY) {
@@ -237,4 +357,27 @@ fn flag_mismatches(status: &LoopStatus, volume: &Volume) -> Vec<String> {
         );
     }
     warnings
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn partition_is_what_sysfs_shows() {
+        let sys = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(sys.path().join("loop7/loop7p1")).unwrap();
+        std::fs::create_dir_all(sys.path().join("loop8/queue")).unwrap();
+        // A partition of another device, or a file of that name, is not it.
+        std::fs::create_dir_all(sys.path().join("loop9")).unwrap();
+        std::fs::create_dir_all(sys.path().join("loop19/loop19p1")).unwrap();
+        std::fs::write(sys.path().join("loop9/loop9p1"), "").unwrap();
+        assert_eq!(
+            partition_of(sys.path(), 7),
+            Some(PathBuf::from("/dev/loop7p1"))
+        );
+        assert_eq!(partition_of(sys.path(), 8), None);
+        assert_eq!(partition_of(sys.path(), 9), None);
+        assert_eq!(partition_of(sys.path(), 1), None);
+    }
 }

@@ -12,14 +12,17 @@ use serde::Serialize;
 
 use super::Report;
 
+mod preallocation;
+
 use super::activate::bring_up_now;
 use super::detach::{detach_device, recovery_hint};
 use crate::backing::open_backing_file;
-use crate::capacity;
+use crate::capacity::{self, BackingFs};
 use crate::creating_mark::{
     clear_creating_mark, has_creating_mark, is_creating_name, marked_for, CREATING_SUFFIX,
 };
 use crate::inuse::users_of_loop;
+use crate::kernel_cmdline::skip_reason;
 use crate::loopdev::{self, LoopDevice};
 use crate::paths::SystemRoot;
 use crate::probe::{expected_content, identifies, probe};
@@ -32,10 +35,40 @@ pub struct Finding {
     pub kind: &'static str,
     /// `error`, or `warning` for what needs a look but keeps `clean`.
     pub severity: &'static str,
+    /// The volume the finding is about; null when it concerns several
+    /// (see `uuids`) or none.
     pub uuid: Option<String>,
+    /// Every volume the finding concerns.
+    pub uuids: Vec<String>,
     pub path: Option<PathBuf>,
     pub message: String,
     pub repaired: bool,
+    /// `overcommitted`: the numbers of the backing file system.
+    pub backing_fs: Option<BackingFs>,
+}
+
+impl Finding {
+    fn new(kind: &'static str, severity: &'static str, message: String) -> Self {
+        Self {
+            kind,
+            severity,
+            uuid: None,
+            uuids: Vec::new(),
+            path: None,
+            message,
+            repaired: false,
+            backing_fs: None,
+        }
+    }
+
+    fn about(mut self, volume: Option<&Volume>, path: Option<&Path>) -> Self {
+        if let Some(volume) = volume {
+            self.uuid = Some(volume.id.to_string());
+            self.uuids = vec![volume.id.to_string()];
+        }
+        self.path = path.map(Path::to_path_buf);
+        self
+    }
 }
 
 #[derive(Debug, Serialize)]
@@ -77,6 +110,10 @@ struct Audit<'a> {
 }
 
 impl Audit<'_> {
+    fn add(&mut self, finding: Finding) {
+        self.findings.push(finding);
+    }
+
     fn report(
         &mut self,
         kind: &'static str,
@@ -84,25 +121,11 @@ impl Audit<'_> {
         path: Option<&Path>,
         message: String,
     ) {
-        self.findings.push(Finding {
-            kind,
-            severity: "error",
-            uuid: volume.map(|v| v.id.to_string()),
-            path: path.map(Path::to_path_buf),
-            message,
-            repaired: false,
-        });
+        self.add(Finding::new(kind, "error", message).about(volume, path));
     }
 
     fn warn(&mut self, kind: &'static str, path: Option<&Path>, message: String) {
-        self.findings.push(Finding {
-            kind,
-            severity: "warning",
-            uuid: None,
-            path: path.map(Path::to_path_buf),
-            message,
-            repaired: false,
-        });
+        self.add(Finding::new(kind, "warning", message).about(None, path));
     }
 
     /// Reports, and with `--repair` runs `fix`; the finding says how it went.
@@ -114,23 +137,36 @@ impl Audit<'_> {
         message: String,
         fix: impl FnOnce() -> Result<()>,
     ) {
-        let mut finding = Finding {
-            kind,
-            severity: "error",
-            uuid: volume.map(|v| v.id.to_string()),
-            path: path.map(Path::to_path_buf),
-            message,
-            repaired: false,
-        };
+        self.repairable_noting(kind, volume, path, message, || {
+            fix().map(|()| String::new())
+        });
+    }
+
+    /// [`Audit::repairable`] for a fix that says how it was done: a
+    /// non-empty note is added to the message.
+    fn repairable_noting(
+        &mut self,
+        kind: &'static str,
+        volume: Option<&Volume>,
+        path: Option<&Path>,
+        message: String,
+        fix: impl FnOnce() -> Result<String>,
+    ) {
+        let mut finding = Finding::new(kind, "error", message).about(volume, path);
         if self.repair {
             match fix() {
-                Ok(()) => finding.repaired = true,
+                Ok(note) => {
+                    finding.repaired = true;
+                    if !note.is_empty() {
+                        finding.message.push_str(&format!(" ({note})"));
+                    }
+                }
                 Err(e) => finding
                     .message
                     .push_str(&format!(" (repair failed: {e:#})")),
             }
         }
-        self.findings.push(finding);
+        self.add(finding);
     }
 }
 
@@ -154,7 +190,11 @@ pub fn check(root: &SystemRoot, repair: bool) -> Result<CheckReport> {
 
     if let Some(problem) = registry.config_problem() {
         audit.report(
-            "invalid-config",
+            if problem.untrusted {
+                "untrusted-config"
+            } else {
+                "invalid-config"
+            },
             None,
             Some(&problem.file),
             format!(
@@ -171,6 +211,7 @@ pub fn check(root: &SystemRoot, repair: bool) -> Result<CheckReport> {
     // of every UUID that has a registry file: never leftovers.
     let mut owned = HashSet::new();
     let mut registered = HashSet::new();
+    let mut refused_in_directory = Vec::new();
     for entry in registry.entries()? {
         if let Some(stem) = entry
             .file
@@ -194,21 +235,31 @@ pub fn check(root: &SystemRoot, repair: bool) -> Result<CheckReport> {
         }
         match entry.volume {
             Ok(volume) => volumes.push(volume),
+            // Said once, for the directory, below.
+            Err(_) if registry.directory_problem().is_some() => {
+                refused_in_directory.push(entry.file.clone())
+            }
             Err(error) => audit.report(
-                "invalid-registry-file",
+                if error.untrusted {
+                    "untrusted-registry-file"
+                } else {
+                    "invalid-registry-file"
+                },
                 None,
                 Some(&entry.file),
-                error.to_string(),
+                format!("{error}; the volume is skipped at boot"),
             ),
         }
     }
+    untrusted_directory(&mut audit, &registry, &refused_in_directory);
     registry_temporaries(&mut audit);
 
     for volume in &volumes {
         audit_volume(&mut audit, volume)?;
     }
+    duplicate_backing_files(&mut audit, &volumes);
     storage_root_leftovers(&mut audit, &registry, &owned, &registered)?;
-    overcommitment(&mut audit, &registry, &volumes)?;
+    overcommitment(&mut audit, &registry, &volumes);
 
     let clean = audit
         .findings
@@ -219,6 +270,83 @@ pub fn check(root: &SystemRoot, repair: bool) -> Result<CheckReport> {
         clean,
         findings: audit.findings,
     })
+}
+
+/// A registry directory anyone but root can change: one finding for all
+/// the volume files it refuses.
+fn untrusted_directory(audit: &mut Audit, registry: &Registry, refused: &[PathBuf]) {
+    let Some(problem) = registry.directory_problem() else {
+        return;
+    };
+    let names: Vec<String> = refused
+        .iter()
+        .filter_map(|file| file.file_name())
+        .map(|name| name.to_string_lossy().into_owned())
+        .collect();
+    let skipped = match names.len() {
+        0 => "it holds no volume file yet, and nothing can be registered".to_string(),
+        _ => format!(
+            "every volume file in it is refused and skipped at boot ({})",
+            names.join(", ")
+        ),
+    };
+    let mut finding = Finding::new(
+        "untrusted-registry-directory",
+        "error",
+        format!("{problem}; {skipped}"),
+    )
+    .about(None, Some(&problem.file));
+    finding.uuids = names
+        .iter()
+        .filter_map(|name| name.strip_suffix(".toml"))
+        .map(str::to_string)
+        .collect();
+    audit.add(finding);
+}
+
+/// Registry files naming one backing file (the same path, or paths that
+/// resolve to the same file). Its content carries one UUID, so attach
+/// refuses all but one of them; the others are registry mistakes.
+fn duplicate_backing_files(audit: &mut Audit, volumes: &[Volume]) {
+    let mut by_file: Vec<(BackingKey, Vec<&Volume>)> = Vec::new();
+    for volume in volumes {
+        let path = audit.root.host_path(&volume.path);
+        let key = match fs::metadata(&path) {
+            Ok(meta) => BackingKey::Inode(meta.dev(), meta.ino()),
+            Err(_) => BackingKey::Path(path),
+        };
+        match by_file.iter_mut().find(|(k, _)| *k == key) {
+            Some((_, sharing)) => sharing.push(volume),
+            None => by_file.push((key, vec![volume])),
+        }
+    }
+    for (_, sharing) in by_file.into_iter().filter(|(_, v)| v.len() > 1) {
+        let mut paths: Vec<String> = sharing
+            .iter()
+            .map(|v| v.path.display().to_string())
+            .collect();
+        paths.dedup();
+        let uuids: Vec<String> = sharing.iter().map(|v| v.id.to_string()).collect();
+        let mut finding = Finding::new(
+            "duplicate-backing-file",
+            "error",
+            format!(
+                "volumes {} name the same backing file ({}); only the volume whose UUID its content carries attaches: delete the registry file of the other (do not `remove` it, which would stop the device of the file)",
+                uuids.join(", "),
+                paths.join(", ")
+            ),
+        )
+        .about(None, Some(&audit.root.host_path(&sharing[0].path)));
+        finding.uuids = uuids;
+        audit.add(finding);
+    }
+}
+
+#[derive(PartialEq)]
+enum BackingKey {
+    Inode(u64, u64),
+    /// A file that does not exist (yet): only the same path is the same.
+    Path(PathBuf),
 }
 
 /// Hidden temporaries of interrupted atomic registry writes.
@@ -350,6 +478,10 @@ fn audit_volume(audit: &mut Audit, volume: &Volume) -> Result<()> {
         return Ok(());
     }
 
+    if let (true, Some(file)) = (volume.preallocated, &file) {
+        preallocation::audit_preallocation(audit, volume, file, &path)?;
+    }
+
     // Without root, devices are matched by the path sysfs shows.
     let devices = loopdev::devices_of_file(&path)?;
     if devices.len() > 1 {
@@ -381,13 +513,26 @@ fn audit_volume(audit: &mut Audit, volume: &Volume) -> Result<()> {
             },
         );
     } else if devices.is_empty() && volume.enabled {
+        // Booted with the emergency switch: detached on purpose, and
+        // attach would refuse it anyway until the next boot.
+        if let Some(skip) = skip_reason(audit.root, &volume.id) {
+            audit.add(
+                Finding::new(
+                    "skipped-by-kernel-cmdline",
+                    "warning",
+                    format!("{}: enabled but not attached: skipped by {skip}", volume.id),
+                )
+                .about(Some(volume), Some(&path)),
+            );
+            return Ok(());
+        }
         let root = audit.root.clone();
-        audit.repairable(
+        audit.repairable_noting(
             "not-attached",
             Some(volume),
             Some(&path),
             format!("{}: enabled but not attached", volume.id),
-            || bring_up_now(&root, &volume.id, false).map(drop),
+            || bring_up_now(&root, &volume.id, false).map(|activation| activation.how),
         );
     }
     Ok(())
@@ -403,7 +548,35 @@ fn devices_by_reference(id: &VolumeId) -> Result<Vec<u32>> {
         .collect())
 }
 
-/// Interrupted creates, and loop devices on storage-root files no volume owns.
+/// Every regular file below `root` at any depth (`create --path` may put
+/// a file in a subdirectory), without following symbolic links and
+/// without entering a directory twice (bind mounts), sorted.
+fn files_below(root: &Path) -> Vec<(PathBuf, fs::Metadata)> {
+    let mut files = Vec::new();
+    let mut entered = HashSet::new();
+    let mut pending = vec![root.to_path_buf()];
+    while let Some(dir) = pending.pop() {
+        let Ok(meta) = fs::metadata(&dir) else {
+            continue;
+        };
+        if !entered.insert((meta.dev(), meta.ino())) {
+            continue;
+        }
+        for entry in fs::read_dir(&dir).into_iter().flatten().flatten() {
+            let path = entry.path();
+            match fs::symlink_metadata(&path) {
+                Ok(meta) if meta.is_dir() => pending.push(path),
+                Ok(meta) if meta.is_file() => files.push((path, meta)),
+                _ => {}
+            }
+        }
+    }
+    files.sort_by(|a, b| a.0.cmp(&b.0));
+    files
+}
+
+/// Interrupted creates, and loop devices on storage-root files no volume owns,
+/// at any depth below a storage root.
 fn storage_root_leftovers(
     audit: &mut Audit,
     registry: &Registry,
@@ -416,14 +589,15 @@ fn storage_root_leftovers(
         .iter()
         .map(|r| audit.root.host_path(r))
         .collect();
+    // Nested storage roots would show a file twice.
+    let mut seen = HashSet::new();
     for root in &roots {
-        for entry in fs::read_dir(root).into_iter().flatten().flatten() {
-            let name = entry.file_name().to_string_lossy().into_owned();
-            let path = entry.path();
-            let Ok(meta) = fs::symlink_metadata(&path) else {
-                continue;
-            };
-            if !meta.is_file() || owned.contains(&(meta.dev(), meta.ino())) {
+        for (path, meta) in files_below(root) {
+            let name = path
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default();
+            if owned.contains(&(meta.dev(), meta.ino())) || !seen.insert((meta.dev(), meta.ino())) {
                 continue;
             }
             // The volume a leftover was made for: if that volume has a
@@ -518,40 +692,55 @@ fn storage_root_leftovers(
 }
 
 /// What the volumes on each file system may still grow into, against
-/// what that file system can give.
-fn overcommitment(audit: &mut Audit, registry: &Registry, volumes: &[Volume]) -> Result<()> {
-    if registry.config_problem().is_some() {
-        // Reported above; without the settings there is nothing to weigh.
-        return Ok(());
-    }
-    let mut seen = HashSet::new();
-    for volume in volumes {
-        let path = audit.root.host_path(&volume.path);
-        let Some(directory) = path.parent() else {
-            continue;
-        };
-        let Ok(meta) = fs::metadata(directory) else {
-            continue;
-        };
-        if !seen.insert(meta.dev()) {
-            continue;
-        }
-        let capacity = capacity::measure(registry, directory, None)?;
-        if capacity.committed > capacity.promisable {
-            audit.report(
-                "overcommitted",
-                None,
-                Some(directory),
+/// what that file system can give. Beyond what may be promised (free
+/// space times `overcommit_ratio`, less the reserve) it is an error;
+/// beyond the free space but within an allowed overcommit it is a
+/// warning: the operator chose it, but if the volumes grow, writes in
+/// them fail.
+fn overcommitment(audit: &mut Audit, registry: &Registry, volumes: &[Volume]) {
+    for fs_usage in capacity::backing_file_systems(audit.root, volumes).into_values() {
+        let directory = fs_usage.directory.clone();
+        let numbers = format!(
+            "volumes on the file system of {} ({}) may still grow by {} ({} bytes), but it has {} ({} bytes) free",
+            directory.display(),
+            fs_usage.volumes.join(", "),
+            format_size(fs_usage.committed_growth),
+            fs_usage.committed_growth,
+            format_size(fs_usage.free),
+            fs_usage.free
+        );
+        // Without usable settings only the free space itself is a fact.
+        let capacity = registry
+            .provisioning_config()
+            .ok()
+            .and_then(|_| capacity::measure(registry, &directory, None).ok());
+        let (severity, message) = match &capacity {
+            Some(c) if c.committed > c.promisable => (
+                "error",
                 format!(
-                    "volumes on the file system of {} may still grow by {}, but only {} can be promised ({} free, {} reserved)",
-                    directory.display(),
-                    format_size(capacity.committed),
-                    format_size(capacity.promisable),
-                    format_size(capacity.free),
-                    format_size(capacity.reserve)
+                    "{numbers}; only {} can be promised ({} reserved, overcommit_ratio {}): writes inside these volumes fail once the file system is full",
+                    format_size(c.promisable),
+                    format_size(c.reserve),
+                    c.overcommit_ratio
                 ),
-            );
-        }
+            ),
+            Some(c) if fs_usage.short => (
+                "warning",
+                format!(
+                    "{numbers}; overcommit_ratio {} allows this, but if they grow that far, writes inside them fail",
+                    c.overcommit_ratio
+                ),
+            ),
+            None if fs_usage.short => (
+                "warning",
+                format!("{numbers}; if they grow that far, writes inside them fail"),
+            ),
+            _ => continue,
+        };
+        let mut finding =
+            Finding::new("overcommitted", severity, message).about(None, Some(&directory));
+        finding.uuids = fs_usage.volumes.clone();
+        finding.backing_fs = Some(fs_usage);
+        audit.add(finding);
     }
-    Ok(())
 }

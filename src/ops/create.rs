@@ -25,7 +25,7 @@ use crate::fsutil::{backing_logical_block_size, sync_dir};
 use crate::mkfs::make_filesystem;
 use crate::partition_table;
 use crate::paths::SystemRoot;
-use crate::probe::{identifies, probe};
+use crate::probe::{expected_content, identifies, probe};
 use crate::registry::{
     check_path, check_size, Mode, Registry, Volume, DEFAULT_SECTOR_SIZE, SECTOR_SIZES,
 };
@@ -354,8 +354,16 @@ fn make_backing_file(temporary: &Path, volume: &Volume) -> Result<()> {
         .custom_flags(libc::O_CLOEXEC | libc::O_NOFOLLOW)
         .open(temporary)
         .with_context(|| format!("creating {}", temporary.display()))?;
-    set_creating_mark(&file, &volume.id);
-    allocate(&file, volume.size, volume.preallocated)
+    // From here on the file is ours (made with O_EXCL under the registry
+    // lock): a failure must not leave it for `check` to find.
+    fill_backing_file(&file, temporary, volume).inspect_err(|_| {
+        let _ = fs::remove_file(temporary);
+    })
+}
+
+fn fill_backing_file(file: &File, temporary: &Path, volume: &Volume) -> Result<()> {
+    set_creating_mark(file, &volume.id);
+    allocate(file, volume.size, volume.preallocated)
         .with_context(|| format!("sizing {}", temporary.display()))?;
     crashpoint::here("create:after-allocate");
     match &volume.mode {
@@ -372,7 +380,16 @@ fn make_backing_file(temporary: &Path, volume: &Volume) -> Result<()> {
             )?;
             // An mkfs option can pick blocks or sectors smaller than the
             // volume's sectors: such a file system would never mount.
-            let content = probe(&file)?;
+            let content = probe(file)?;
+            // An mkfs option (-U, -m uuid=) can override the UUID: such a
+            // volume would never attach under its own name.
+            if !identifies(&content, &volume.mode, volume.id.uuid()) {
+                bail!(
+                    "mkfs made {}, not {}; the mkfs options must not set the UUID",
+                    content.describe(),
+                    expected_content(&volume.mode, volume.id.uuid())
+                );
+            }
             if !content.works_with_sector_size(volume.sector_size) {
                 bail!(
                     "mkfs made {}, which does not mount on the volume's {}-byte sectors; check the mkfs options",
@@ -382,7 +399,7 @@ fn make_backing_file(temporary: &Path, volume: &Volume) -> Result<()> {
             }
         }
         Mode::Block => {
-            partition_table::write_new(&file, volume.id.uuid(), volume.sector_size)
+            partition_table::write_new(file, volume.id.uuid(), volume.sector_size)
                 .with_context(|| format!("partitioning {}", temporary.display()))?;
         }
     }

@@ -12,7 +12,10 @@ use serde::Serialize;
 use super::Report;
 
 use crate::inuse::users_of_loop;
-use crate::loopdev::{self, sys::LO_FLAGS_AUTOCLEAR, LoopDevice, LoopStatus};
+use crate::loopdev::{
+    self, renew_if_discards_left_off, sys::LO_FLAGS_AUTOCLEAR, DiscardLimits, LoopDevice,
+    LoopStatus,
+};
 use crate::paths::SystemRoot;
 use crate::registry::Registry;
 use crate::volume_id::VolumeId;
@@ -78,13 +81,20 @@ fn candidate_backing_files(root: &SystemRoot, id: &VolumeId) -> Vec<PathBuf> {
 pub fn find_devices(root: &SystemRoot, id: &VolumeId) -> Result<(Vec<u32>, &'static str)> {
     let statuses = loopdev::bound_statuses()?;
 
+    // A registry file may (wrongly) name another volume's backing file: a
+    // device that another volume tagged as its own is never this one's.
+    let tagged_for_another = |status: &LoopStatus| {
+        VolumeId::from_loop_reference(&status.reference).is_some_and(|other| &other != id)
+    };
     let mut by_file = Vec::new();
     for path in candidate_backing_files(root, id) {
         if let Ok(meta) = std::fs::metadata(&path) {
             by_file.extend(
                 statuses
                     .iter()
-                    .filter(|(_, s)| s.is_backed_by(meta.dev(), meta.ino()))
+                    .filter(|(_, s)| {
+                        s.is_backed_by(meta.dev(), meta.ino()) && !tagged_for_another(s)
+                    })
                     .map(|(n, _)| *n),
             );
         }
@@ -170,13 +180,15 @@ pub(crate) fn detach_device(number: u32) -> Result<()> {
         Ok(Some(status)) => status,
         Err(errno) => bail!("reading the status of {}: {errno}", path.display()),
     };
+    let discard_limits = DiscardLimits::of(number);
     if let Err(errno) = device.clear() {
         bail!("detaching {}: {errno}", path.display());
     }
     // Current kernels finish the detach when the last opener closes the
     // device, which should be us.
     drop(device);
-    wait_until_released(number, &path, &bound)
+    wait_until_released(number, &path, &bound)?;
+    renew_if_discards_left_off(number, discard_limits)
 }
 
 fn wait_until_released(number: u32, path: &Path, bound: &LoopStatus) -> Result<()> {

@@ -10,6 +10,7 @@ use std::path::PathBuf;
 
 use serde::Serialize;
 
+use crate::capacity::BackingFs;
 use crate::loopdev::{devices_of_file, LoopDevice};
 use crate::paths::SystemRoot;
 use crate::registry::{Mode, Volume};
@@ -57,6 +58,10 @@ pub struct VolumeInfo {
     pub sub_state: String,
     /// The service's Result (`success`, `exit-code`, ...), null when unknown.
     pub unit_result: Option<String>,
+    /// The file system under the backing file: its free bytes against
+    /// what the volumes on it may still grow into (`short` when that is
+    /// more than is free); null when it cannot be measured.
+    pub backing_fs: Option<BackingFs>,
     /// What could not be determined or looks wrong, one sentence each.
     pub problems: Vec<String>,
 }
@@ -174,11 +179,27 @@ pub fn inspect(root: &SystemRoot, volume: &Volume, unit_lookup: UnitLookup) -> V
         active_state,
         sub_state,
         unit_result,
+        backing_fs: None,
         problems,
     }
 }
 
 impl VolumeInfo {
+    /// Adds what is known about the backing file system (see
+    /// [`crate::capacity::backing_file_systems`]); a short one is a problem.
+    pub fn with_backing_fs(mut self, backing_fs: Option<&BackingFs>) -> Self {
+        if let Some(fs) = backing_fs.filter(|fs| fs.short) {
+            self.problems.push(format!(
+                "the file system of {} has {} free, but its volumes may still grow by {}: writes inside them fail once it is full",
+                fs.directory.display(),
+                format_size(fs.free),
+                format_size(fs.committed_growth)
+            ));
+        }
+        self.backing_fs = backing_fs.cloned();
+        self
+    }
+
     /// `active (exited)`, `inactive (dead)`, `unknown`.
     pub fn unit_state(&self) -> String {
         if self.active_state == UNKNOWN {
@@ -211,6 +232,22 @@ impl VolumeInfo {
             ),
         );
         row("path:", self.path.display().to_string());
+        if let Some(fs) = &self.backing_fs {
+            row(
+                "backing:",
+                format!(
+                    "{} free of {}; its volumes may still grow by {}{}",
+                    format_size(fs.free),
+                    format_size(fs.total),
+                    format_size(fs.committed_growth),
+                    if fs.short {
+                        " (more than is free!)"
+                    } else {
+                        ""
+                    }
+                ),
+            );
+        }
         row(
             "enabled:",
             format!(

@@ -8,6 +8,7 @@ use serde::Serialize;
 
 use super::inspect::{inspect, yes_no, UnitLookup, VolumeInfo, UNKNOWN};
 use super::Report;
+use crate::capacity::{backing_file_systems, backing_fs_of, BackingFs};
 use crate::paths::SystemRoot;
 use crate::registry::{Registry, RegistryError};
 use crate::size::format_size;
@@ -46,6 +47,11 @@ pub fn list(root: &SystemRoot) -> Result<ListReport> {
     let registry = Registry::open(root.clone());
     let entries = registry.entries()?;
     let (mut systemd, mut systemd_error) = connect_for_reading(!entries.is_empty());
+    let valid: Vec<_> = entries
+        .iter()
+        .filter_map(|e| e.volume.as_ref().ok().cloned())
+        .collect();
+    let file_systems = backing_file_systems(root, &valid);
     let mut volumes = Vec::new();
     let mut errors = Vec::new();
     for entry in &entries {
@@ -57,7 +63,11 @@ pub fn list(root: &SystemRoot) -> Result<ListReport> {
                     systemd_error = Some(error.clone());
                     systemd = None;
                 }
-                volumes.push(inspect(root, volume, lookup));
+                volumes.push(inspect(root, volume, lookup).with_backing_fs(backing_fs_of(
+                    root,
+                    &file_systems,
+                    volume,
+                )));
             }
             Err(error) => errors.push(RegistryErrorRow::from(error)),
         }
@@ -96,7 +106,11 @@ impl Report for ListReport {
                 v.name.clone().unwrap_or_else(|| "-".into()),
                 v.mode.to_string(),
                 format_size(v.size),
-                v.allocated.map_or(UNKNOWN.to_string(), format_size),
+                format!(
+                    "{}{}",
+                    v.allocated.map_or(UNKNOWN.to_string(), format_size),
+                    if short(v) { " !" } else { "" }
+                ),
                 yes_no(v.enabled),
                 v.partition
                     .as_ref()
@@ -107,6 +121,24 @@ impl Report for ListReport {
             ]);
         }
         let mut lines = table(&rows);
+        let mut short_file_systems: Vec<&BackingFs> = Vec::new();
+        for fs in self.volumes.iter().filter_map(|v| v.backing_fs.as_ref()) {
+            if fs.short
+                && !short_file_systems
+                    .iter()
+                    .any(|s| s.directory == fs.directory)
+            {
+                short_file_systems.push(fs);
+            }
+        }
+        for fs in short_file_systems {
+            lines.push(format!(
+                "! {} has {} free, but its volumes may still grow by {}: writes inside them fail once it is full",
+                fs.directory.display(),
+                format_size(fs.free),
+                format_size(fs.committed_growth)
+            ));
+        }
         for error in &self.errors {
             lines.push(format!(
                 "error: {}{}: {}",
@@ -133,6 +165,12 @@ impl Report for ListReport {
     fn succeeded(&self) -> bool {
         self.errors.is_empty()
     }
+}
+
+/// Whether the volume's backing file system has less free space than its
+/// volumes may still grow into (marked `!` in the listing).
+fn short(volume: &VolumeInfo) -> bool {
+    volume.backing_fs.as_ref().is_some_and(|fs| fs.short)
 }
 
 /// Left-aligned columns, two spaces apart; the last column is not padded.

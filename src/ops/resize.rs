@@ -102,6 +102,11 @@ pub fn resize(root: &SystemRoot, id: &VolumeId, requested: u64) -> Result<Resize
     let devices = loopdev::devices_backed_by(&host_path)?;
     for &number in &devices {
         LoopDevice::open(number, false)?.refresh_capacity()?;
+        // Older kernels recompute the discard limit when the capacity
+        // changes; a preallocated volume must keep refusing discards.
+        if volume.preallocated {
+            loopdev::forbid_discards(number)?;
+        }
     }
     match &volume.mode {
         Mode::Block => grow_partition(&file, &volume, &devices)?,
@@ -171,6 +176,7 @@ fn grow_filesystem(
                     direct_io: false,
                     block_size: volume.sector_size,
                     reference: volume.id.loop_reference(),
+                    discard: !volume.preallocated,
                 },
             )?;
             let grown = grow_xfs_unmounted(root, volume, bound.number);

@@ -9,6 +9,9 @@ pub struct RegistryError {
     pub file: PathBuf,
     pub line: Option<usize>,
     pub reason: String,
+    /// The file (or its directory) is writable by someone other than
+    /// root: its content was not even looked at.
+    pub untrusted: bool,
 }
 
 impl RegistryError {
@@ -17,6 +20,15 @@ impl RegistryError {
             file: file.to_path_buf(),
             line,
             reason: reason.into(),
+            untrusted: false,
+        }
+    }
+
+    /// A file or directory refused because of who can write it.
+    pub fn untrusted(file: &Path, reason: impl Into<String>) -> Self {
+        Self {
+            untrusted: true,
+            ..Self::new(file, None, reason)
         }
     }
 

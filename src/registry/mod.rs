@@ -6,10 +6,11 @@
 mod config;
 mod error;
 mod lenient;
+mod trust;
 mod volume;
 
 use std::fs;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
 
@@ -22,7 +23,7 @@ pub use volume::{
 };
 
 use crate::fsutil::{write_atomically, ExclusiveLock};
-use crate::paths::SystemRoot;
+use crate::paths::{SystemRoot, CONFIG_DIR};
 use crate::volume_id::VolumeId;
 
 pub struct Registry {
@@ -31,6 +32,9 @@ pub struct Registry {
     /// Why `config.toml` could not be used (then `config` is the defaults).
     config_problem: Option<RegistryError>,
     config_warnings: Vec<RegistryWarning>,
+    /// Why no volume file can be trusted: `/etc/sparse-volume` or
+    /// `volumes.d` is writable by someone other than root.
+    directory_problem: Option<RegistryError>,
 }
 
 /// One registry file and what became of it.
@@ -45,12 +49,20 @@ pub struct Entry {
 }
 
 impl Registry {
-    /// Opens the registry. A `config.toml` that cannot be read or does not
-    /// validate never takes registered volumes down: the built-in defaults
-    /// apply (volume files carry their own settings) and
-    /// [`Registry::config_problem`] says why.
+    /// Opens the registry. A `config.toml` that cannot be read, does not
+    /// validate or is writable by someone other than root never takes
+    /// registered volumes down: the built-in defaults apply (volume files
+    /// carry their own settings) and [`Registry::config_problem`] says why.
     pub fn open(root: SystemRoot) -> Self {
-        let (config, config_problem, config_warnings) = match Config::load(&root.config_file()) {
+        let config_dir_problem = trust::check_directory(&root.host_path(CONFIG_DIR));
+        let directory_problem = config_dir_problem
+            .clone()
+            .or_else(|| trust::check_directory(&root.volumes_dir()));
+        let loaded = match &config_dir_problem {
+            Some(problem) => Err(trust::in_refused_directory(&root.config_file(), problem)),
+            None => load_config(&root.config_file()),
+        };
+        let (config, config_problem, config_warnings) = match loaded {
             Ok((config, warnings)) => (config, None, warnings),
             Err(problem) => (Config::default(), Some(problem), Vec::new()),
         };
@@ -59,7 +71,15 @@ impl Registry {
             config,
             config_problem,
             config_warnings,
+            directory_problem,
         }
+    }
+
+    /// Why every volume file is refused: its directory (or
+    /// `/etc/sparse-volume`) is writable by someone other than root. The
+    /// error names that directory.
+    pub fn directory_problem(&self) -> Option<&RegistryError> {
+        self.directory_problem.as_ref()
     }
 
     pub fn config(&self) -> &Config {
@@ -121,11 +141,25 @@ impl Registry {
             warnings: Vec::new(),
             named_path,
         };
-        let bytes = match fs::read(&file) {
-            Ok(bytes) => bytes,
+        let contents = match trust::read(&file) {
+            Ok(contents) => contents,
             Err(e) => return unreadable(file, format!("cannot be read: {e}"), None),
         };
-        let text = match String::from_utf8(bytes) {
+        // A refused file still names somebody's data.
+        let refusal = match (&self.directory_problem, contents.refused) {
+            (Some(problem), _) => Some(trust::in_refused_directory(&file, problem)),
+            (None, Some(reason)) => Some(RegistryError::untrusted(&file, reason)),
+            (None, None) => None,
+        };
+        if let Some(error) = refusal {
+            return Entry {
+                named_path: named_path(&String::from_utf8_lossy(&contents.bytes)),
+                volume: Err(error),
+                warnings: Vec::new(),
+                file,
+            };
+        }
+        let text = match String::from_utf8(contents.bytes) {
             Ok(text) => text,
             Err(e) => {
                 // Still somebody's volume: keep what it names.
@@ -163,12 +197,24 @@ impl Registry {
     /// The registry file of `id` and what became of it, if there is one.
     pub fn entry(&self, id: &VolumeId) -> Option<Entry> {
         let file = self.root.volume_file(id);
-        file.exists().then(|| self.read_entry(file))
+        // Not `exists()`: a symbolic link (even a dangling one) is an
+        // entry, and a refused one.
+        fs::symlink_metadata(&file)
+            .is_ok()
+            .then(|| self.read_entry(file))
     }
 
-    /// The volume registered under `id`, `Ok(None)` if there is none.
+    /// The volume registered under `id`, `Ok(None)` if there is none. In
+    /// a refused registry directory nothing can be said, and nothing may
+    /// be registered: that is an error too.
     pub fn get(&self, id: &VolumeId) -> Result<Option<Volume>, RegistryError> {
-        self.entry(id).map(|entry| entry.volume).transpose()
+        match self.entry(id) {
+            Some(entry) => entry.volume.map(Some),
+            None => match &self.directory_problem {
+                Some(problem) => Err(problem.clone()),
+                None => Ok(None),
+            },
+        }
     }
 
     /// The volume registered under `id`; its absence is an error that
@@ -184,6 +230,10 @@ impl Registry {
 
     /// Writes (creates or replaces) a volume's file atomically.
     pub fn put(&self, volume: &Volume) -> Result<()> {
+        if let Some(problem) = &self.directory_problem {
+            // Anyone who can write there could replace the new file.
+            return Err(problem.clone().into());
+        }
         let dir = self.root.volumes_dir();
         fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
         let text = volume
@@ -203,6 +253,30 @@ impl Registry {
     pub fn volume_lock(root: &SystemRoot, id: &VolumeId) -> Result<ExclusiveLock> {
         ExclusiveLock::acquire(&root.run_dir().join(format!("{id}.lock")))
     }
+}
+
+/// `config.toml` read like a volume file: refused when anyone but root
+/// can change it; a missing file means all defaults.
+fn load_config(file: &Path) -> Result<(Config, Vec<RegistryWarning>), RegistryError> {
+    let contents = match trust::read(file) {
+        Ok(contents) => contents,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            return Ok((Config::default(), Vec::new()))
+        }
+        Err(e) => {
+            return Err(RegistryError::new(
+                file,
+                None,
+                format!("cannot be read: {e}"),
+            ))
+        }
+    };
+    if let Some(reason) = contents.refused {
+        return Err(RegistryError::untrusted(file, reason));
+    }
+    let text = String::from_utf8(contents.bytes)
+        .map_err(|_| RegistryError::new(file, None, "cannot be read: it is not valid UTF-8"))?;
+    Config::parse_with_warnings(file, &text)
 }
 
 /// The `path` of a registry file that does not validate: from its TOML if

@@ -162,8 +162,17 @@ impl Fixture {
         command
             .args(args)
             .env("SPARSE_VOLUME_ROOT", self.root.path())
-            .env_remove("JOURNAL_STREAM");
+            .env_remove("JOURNAL_STREAM")
+            // Never the host's systemd: a test that wants a bus (a private
+            // dbus-daemon) sets this again after calling `command`.
+            .env("DBUS_SYSTEM_BUS_ADDRESS", self.absent_bus());
         command
+    }
+
+    /// A system bus address where no bus listens, so the CLI takes its
+    /// "no systemd" paths however the host is set up.
+    pub fn absent_bus(&self) -> String {
+        format!("unix:path={}", self.root.path().join("no-bus").display())
     }
 
     pub fn run(&self, args: &[&str]) -> Run {
@@ -228,4 +237,116 @@ impl Drop for Fixture {
             }
         }
     }
+}
+
+/// A small ext4 file system mounted over the fixture's storage root, so
+/// that free space is known, small and changes only when a test writes
+/// to it. Borrows the fixture so that it is unmounted before the fixture
+/// goes away.
+pub struct MountedStorage<'a> {
+    _fixture: &'a Fixture,
+    pub mount_point: PathBuf,
+}
+
+impl Fixture {
+    /// Mounts a fresh `size`-byte ext4 image (no root reserve, inode
+    /// tables and journal written at mkfs time so that no background
+    /// initialisation moves the free-space numbers) over the storage root.
+    pub fn mount_storage(&self, size: u64) -> MountedStorage<'_> {
+        let images = self.host("/images");
+        fs::create_dir_all(&images).unwrap();
+        let image = images.join("storage.img");
+        self.sparse_file_of(&image, size);
+        tool(
+            "mkfs.ext4",
+            &[
+                "-q",
+                "-F",
+                "-m",
+                "0",
+                "-E",
+                "lazy_itable_init=0,lazy_journal_init=0",
+                image.to_str().unwrap(),
+            ],
+        );
+        let mount_point = self.host("/var/lib/sparse-volume");
+        // util-linux sets autoclear on the loop device it makes here, so
+        // the unmount releases it.
+        tool(
+            "mount",
+            &[
+                "-o",
+                "loop",
+                image.to_str().unwrap(),
+                mount_point.to_str().unwrap(),
+            ],
+        );
+        fs::set_permissions(&mount_point, fs::Permissions::from_mode(0o755)).unwrap();
+        MountedStorage {
+            _fixture: self,
+            mount_point,
+        }
+    }
+}
+
+/// `(available to unprivileged writers, total)` bytes of the file system
+/// holding `path`, straight from statvfs(2).
+pub fn free_and_total(path: &Path) -> (u64, u64) {
+    let stats = nix::sys::statvfs::statvfs(path)
+        .unwrap_or_else(|e| panic!("statvfs {}: {e}", path.display()));
+    let fragment = stats.fragment_size();
+    (
+        stats.blocks_available() * fragment,
+        stats.blocks() * fragment,
+    )
+}
+
+impl MountedStorage<'_> {
+    pub fn free(&self) -> u64 {
+        free_and_total(&self.mount_point).0
+    }
+
+    pub fn total(&self) -> u64 {
+        free_and_total(&self.mount_point).1
+    }
+}
+
+impl Drop for MountedStorage<'_> {
+    /// A loop device on a file in here keeps the file system busy.
+    fn drop(&mut self) {
+        if let Ok(listing) = fs::read_dir(&self.mount_point) {
+            for entry in listing.flatten() {
+                for device in loops_of_quiet(&entry.path()) {
+                    let _ = Command::new("umount").arg(&device).output();
+                    let _ = Command::new("losetup").args(["-d", &device]).output();
+                }
+            }
+        }
+        let unmounted = Command::new("umount")
+            .arg(&self.mount_point)
+            .status()
+            .is_ok_and(|s| s.success());
+        if !unmounted {
+            // Never leave a mount behind in the temporary directory.
+            let _ = Command::new("umount")
+                .arg("-l")
+                .arg(&self.mount_point)
+                .status();
+        }
+    }
+}
+
+/// Like [`loops_of`], for clean-up paths that must not panic.
+fn loops_of_quiet(path: &Path) -> Vec<String> {
+    Command::new("losetup")
+        .args(["--noheadings", "--output", "NAME", "-j"])
+        .arg(path)
+        .output()
+        .map(|o| {
+            String::from_utf8_lossy(&o.stdout)
+                .split_whitespace()
+                .map(str::to_string)
+                .collect()
+        })
+        .unwrap_or_default()
 }

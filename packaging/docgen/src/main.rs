@@ -40,10 +40,26 @@ standard error (or in the JSON object with \fB\-\-json\fR).
 .TP
 2
 Usage error.
+.SH "KERNEL COMMAND LINE"
+An emergency switch for a volume that breaks the boot (see
+\fBsparse-volume-generator\fR(8)):
+.TP
+\fBsparse_volume.skip=\fR\fIUUID\fR[\fB,\fR\fIUUID\fR...]
+These volumes get no unit at boot, and \fBattach\fR refuses them (exit
+status 1, naming the switch).
+.TP
+\fBsparse_volume=off\fR
+The same for every volume.
+.PP
+\fBdetach\fR, \fBstatus\fR, \fBcheck\fR and \fBremove\fR work as usual.
+To recover: boot with \fBsparse_volume.skip=\fR\fIUUID\fR (or
+\fBsparse_volume=off\fR), fix the cause, run \fBsparse-volume check
+\-\-repair\fR, and reboot without the switch.
 .SH ENVIRONMENT
 .TP
 \fBSPARSE_VOLUME_ROOT\fR=\fIdir\fR
-Makes every path below (registry, storage roots, run-time locks) relative to
+Makes every path below (registry, storage roots, run-time locks,
+\fI/proc/cmdline\fR, udev's \fI/run/udev/control\fR) relative to
 \fIdir\fR, for tests and image builds.
 .SH FILES
 .TP
@@ -63,7 +79,7 @@ The unit that attaches (\fBattach\fR) and detaches (\fBdetach\fR) one volume.
 Reached once every enabled volume is attached.
 .SH "SEE ALSO"
 \fBsparse-volume.toml\fR(5), \fBsparse-volume-generator\fR(8),
-\fBlosetup\fR(8), \fBsystemd.generator\fR(7)
+\fBlosetup\fR(8), \fBsystemd.generator\fR(7), \fBkernel-command-line\fR(7)
 "#;
 
 fn main() -> ExitCode {

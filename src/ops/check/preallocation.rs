@@ -1,0 +1,100 @@
+//! A preallocated volume's promise, audited: its backing file owns every
+//! byte of its size, and no loop device of it passes discards, which the
+//! loop driver would turn into hole punches.
+
+use std::fs::File;
+use std::os::fd::AsRawFd;
+use std::path::Path;
+
+use anyhow::{bail, Context, Result};
+use nix::fcntl::{fallocate, FallocateFlags};
+
+use super::Audit;
+use crate::backing::open_backing_file;
+use crate::extents::allocated_bytes;
+use crate::loopdev::{self, forbid_discards, DiscardLimits};
+use crate::registry::{Registry, Volume};
+use crate::size::format_size;
+
+pub(super) fn audit_preallocation(
+    audit: &mut Audit,
+    volume: &Volume,
+    file: &File,
+    path: &Path,
+) -> Result<()> {
+    let size = file
+        .metadata()
+        .context("inspecting the backing file")?
+        .len();
+    match allocated_bytes(file, size) {
+        Ok(allocated) if allocated < size => {
+            let missing = size - allocated;
+            let root = audit.root.clone();
+            audit.repairable(
+                "preallocation-holes",
+                Some(volume),
+                Some(path),
+                format!(
+                    "{}: {} ({missing} bytes) of its {} are holes although the volume is preallocated; the space was handed back to {}",
+                    volume.id,
+                    format_size(missing),
+                    format_size(size),
+                    path.parent().unwrap_or(path).display()
+                ),
+                || {
+                    // The volume lock keeps a resize or remove away while
+                    // the file is being filled.
+                    let _lock = Registry::volume_lock(&root, &volume.id)?;
+                    refill(path, size, missing)
+                },
+            );
+        }
+        Ok(_) => {}
+        Err(errno) => audit.warn(
+            "content-not-verified",
+            Some(path),
+            format!(
+                "{}: the file system cannot tell which parts of {} are allocated ({errno}); preallocation not verified",
+                volume.id,
+                path.display()
+            ),
+        ),
+    }
+    for number in loopdev::devices_backed_by(path)? {
+        if DiscardLimits::of(number).is_some_and(|limits| limits.passes_discards()) {
+            audit.repairable(
+                "discards-allowed",
+                Some(volume),
+                Some(path),
+                format!(
+                    "{}: /dev/loop{number} passes discards, so a consumer's fstrim punches holes into the preallocated file",
+                    volume.id
+                ),
+                || forbid_discards(number),
+            );
+        }
+    }
+    Ok(())
+}
+
+/// Allocates the holes again; what was written stays as it is.
+fn refill(path: &Path, size: u64, missing: u64) -> Result<()> {
+    let directory = path.parent().unwrap_or(path);
+    let stats = nix::sys::statvfs::statvfs(directory)
+        .with_context(|| format!("measuring free space of {}", directory.display()))?;
+    let free = stats.blocks_available() * stats.fragment_size();
+    if free < missing {
+        bail!(
+            "{} needs {} free but has {}",
+            directory.display(),
+            format_size(missing),
+            format_size(free)
+        );
+    }
+    let file = open_backing_file(path, false)?;
+    let length = i64::try_from(size).context("size too large")?;
+    fallocate(file.as_raw_fd(), FallocateFlags::empty(), 0, length)
+        .with_context(|| format!("allocating {}", path.display()))?;
+    file.sync_all()
+        .with_context(|| format!("syncing {}", path.display()))
+}

@@ -1,0 +1,692 @@
+//! Every kind of `check` finding, produced with real files and real loop
+//! devices: its kind, severity, volume and path, and what `--repair` does
+//! with it (fixes it, or leaves the data exactly as it was). The last test
+//! fails when `check` learns a kind that no test in tests/ produces.
+
+mod common;
+
+use std::fs;
+use std::os::unix::fs::{symlink, MetadataExt, PermissionsExt};
+use std::path::Path;
+use std::process::Command;
+
+use common::{loops_of, new_uuid, tool, Fixture, Run, SIZE};
+use serde_json::Value;
+
+/// The name `create` marks an unregistered backing file with.
+const CREATING_MARK: &str = "user.sparse-volume.creating";
+
+fn check(fx: &Fixture, repair: bool) -> (Run, Value) {
+    let mut args = vec!["check", "--json"];
+    if repair {
+        args.push("--repair");
+    }
+    let run = fx.run(&args);
+    let report = run.json();
+    let clean = report["clean"].as_bool().expect("clean is a boolean");
+    assert_eq!(
+        run.code,
+        if clean { 0 } else { 1 },
+        "exit status must follow `clean`: {}",
+        run.stdout
+    );
+    (run, report)
+}
+
+fn findings_of<'a>(report: &'a Value, kind: &str) -> Vec<&'a Value> {
+    report["findings"]
+        .as_array()
+        .expect("findings is a list")
+        .iter()
+        .filter(|f| f["kind"] == kind)
+        .collect()
+}
+
+/// The one finding of `kind`, with its severity, volume and path checked.
+fn the_finding<'a>(
+    report: &'a Value,
+    kind: &str,
+    severity: &str,
+    uuid: Option<&str>,
+    path: &Path,
+) -> &'a Value {
+    let found = findings_of(report, kind);
+    assert_eq!(found.len(), 1, "one {kind} expected: {report}");
+    let finding = found[0];
+    assert_eq!(finding["severity"], severity, "{finding}");
+    match uuid {
+        Some(uuid) => assert_eq!(finding["uuid"], uuid, "{finding}"),
+        None => assert!(finding["uuid"].is_null(), "{finding}"),
+    }
+    assert_eq!(finding["path"], path.to_str().unwrap(), "{finding}");
+    finding
+}
+
+fn kinds(report: &Value) -> Vec<String> {
+    report["findings"]
+        .as_array()
+        .expect("findings is a list")
+        .iter()
+        .map(|f| f["kind"].as_str().unwrap_or_default().to_string())
+        .collect()
+}
+
+/// A registered ext4 volume that nothing is wrong with (not enabled, so
+/// that "not attached" is no finding).
+fn healthy_volume(fx: &Fixture) -> String {
+    let uuid = new_uuid();
+    fx.make_ext4(&uuid);
+    fx.register(&uuid, "filesystem", "enabled = false\n");
+    uuid
+}
+
+fn filesystem_uuid(path: &Path) -> String {
+    tool(
+        "blkid",
+        &["-p", "-o", "value", "-s", "UUID", path.to_str().unwrap()],
+    )
+    .trim()
+    .to_string()
+}
+
+#[test]
+fn a_healthy_registry_is_clean() {
+    // The control for every test below: without the fault, no finding.
+    let fx = Fixture::new();
+    healthy_volume(&fx);
+    let (_, report) = check(&fx, false);
+    assert_eq!(report["clean"], true, "{report}");
+    assert_eq!(kinds(&report), Vec::<String>::new());
+}
+
+#[test]
+fn an_unreadable_registry_file_is_named_and_never_hides_the_others() {
+    let fx = Fixture::new();
+    let good = healthy_volume(&fx);
+    let bad = new_uuid();
+    let bad_file = fx.registry_file(&bad);
+    let text = format!(
+        "uuid = \"{bad}\"\npath = \"{}\"\nsize = \"lots\"\nmode = \"filesystem\"\n",
+        fx.logical_backing(&bad)
+    );
+    fs::write(&bad_file, &text).unwrap();
+
+    let (_, report) = check(&fx, false);
+    let finding = the_finding(&report, "invalid-registry-file", "error", None, &bad_file);
+    let message = finding["message"].as_str().unwrap();
+    assert!(
+        message.contains(&format!("{}:3:", bad_file.display())),
+        "file and line: {message}"
+    );
+    assert_eq!(kinds(&report), ["invalid-registry-file"], "{report}");
+
+    // Nothing safe to do: the file stays as the operator wrote it.
+    let (_, repaired) = check(&fx, true);
+    let finding = the_finding(&repaired, "invalid-registry-file", "error", None, &bad_file);
+    assert_eq!(finding["repaired"], false);
+    assert_eq!(fs::read_to_string(&bad_file).unwrap(), text);
+    // The good volume still works.
+    let status = fx.run_ok(&["status", &good, "--json"]).json();
+    assert_eq!(status["uuid"], good.as_str());
+}
+
+#[test]
+fn a_leftover_registry_temporary_is_removed_by_repair() {
+    let fx = Fixture::new();
+    let uuid = healthy_volume(&fx);
+    let temporary = fx.host(&format!("/etc/sparse-volume/volumes.d/.{uuid}.toml.tmp"));
+    fs::write(&temporary, "half a registry entry").unwrap();
+
+    let (_, report) = check(&fx, false);
+    the_finding(&report, "registry-temporary", "error", None, &temporary);
+    assert!(temporary.exists(), "a plain check changed something");
+
+    let (run, repaired) = check(&fx, true);
+    let finding = the_finding(&repaired, "registry-temporary", "error", None, &temporary);
+    assert_eq!(finding["repaired"], true, "{}", run.stdout);
+    assert_eq!(repaired["changed"], true);
+    assert!(!temporary.exists(), "repair left the temporary");
+    assert!(
+        fx.registry_file(&uuid).exists(),
+        "repair took the real entry"
+    );
+    let (_, after) = check(&fx, false);
+    assert_eq!(kinds(&after), Vec::<String>::new());
+}
+
+#[test]
+fn a_missing_backing_file_is_reported_and_its_entry_kept() {
+    let fx = Fixture::new();
+    let uuid = new_uuid();
+    fx.register(&uuid, "filesystem", "enabled = true\n");
+    let path = fx.backing(&uuid);
+
+    let (_, report) = check(&fx, false);
+    let finding = the_finding(&report, "missing-backing-file", "error", Some(&uuid), &path);
+    assert!(
+        finding["message"]
+            .as_str()
+            .unwrap()
+            .contains("does not exist"),
+        "{finding}"
+    );
+    // Not "not attached" on top: there is nothing to attach.
+    assert_eq!(kinds(&report), ["missing-backing-file"], "{report}");
+
+    let (_, repaired) = check(&fx, true);
+    let finding = the_finding(
+        &repaired,
+        "missing-backing-file",
+        "error",
+        Some(&uuid),
+        &path,
+    );
+    assert_eq!(finding["repaired"], false);
+    assert!(!path.exists(), "repair invented a backing file");
+    assert!(fx.registry_file(&uuid).exists(), "repair dropped the entry");
+}
+
+/// Detaches a device whose backing file a test deleted (the fixture
+/// finds devices by the files that are still there).
+struct DeviceGuard(String);
+
+impl Drop for DeviceGuard {
+    fn drop(&mut self) {
+        let _ = Command::new("losetup").args(["-d", &self.0]).output();
+    }
+}
+
+#[test]
+fn a_deleted_backing_file_still_attached_names_the_device_that_holds_the_data() {
+    let fx = Fixture::new();
+    let uuid = new_uuid();
+    let created = fx
+        .run_ok(&[
+            "create", "--size", "16M", "--uuid", &uuid, "--now", "--json",
+        ])
+        .json();
+    let device = created["device"].as_str().expect("a device").to_string();
+    let _guard = DeviceGuard(device.clone());
+    let path = fx.backing(&uuid);
+    fs::remove_file(&path).unwrap();
+
+    let (_, report) = check(&fx, true);
+    let finding = the_finding(&report, "missing-backing-file", "error", Some(&uuid), &path);
+    let message = finding["message"].as_str().unwrap();
+    assert!(
+        message.contains(&format!("{device} still holds its data")),
+        "{message}"
+    );
+    assert_eq!(finding["repaired"], false);
+    // The device is the last copy of the data: repair must not drop it.
+    let name = device.trim_start_matches("/dev/");
+    let backing = fs::read_to_string(format!("/sys/block/{name}/loop/backing_file"))
+        .expect("the device is still bound");
+    assert!(backing.contains(&uuid), "{device} now backs {backing}");
+}
+
+#[test]
+fn an_unsafe_backing_file_is_refused_and_left_alone() {
+    for (fault, expected) in [
+        ("symlink", "is a symbolic link"),
+        ("group-writable", "writable by group or others"),
+        ("foreign-owner", "owned by uid 65534"),
+    ] {
+        let fx = Fixture::new();
+        let uuid = new_uuid();
+        let path = fx.make_ext4(&uuid);
+        // Enabled, so that a careless repair would attach it.
+        fx.register(&uuid, "filesystem", "enabled = true\n");
+        match fault {
+            "symlink" => {
+                let real = fx.host("/elsewhere");
+                fs::rename(&path, &real).unwrap();
+                symlink(&real, &path).unwrap();
+            }
+            "group-writable" => {
+                fs::set_permissions(&path, fs::Permissions::from_mode(0o660)).unwrap()
+            }
+            _ => std::os::unix::fs::chown(&path, Some(65534), None).unwrap(),
+        }
+        let before = fs::symlink_metadata(&path).unwrap();
+
+        let (_, report) = check(&fx, false);
+        let finding = the_finding(&report, "unsafe-backing-file", "error", Some(&uuid), &path);
+        assert!(
+            finding["message"].as_str().unwrap().contains(expected),
+            "{fault}: {finding}"
+        );
+        assert_eq!(kinds(&report), ["unsafe-backing-file"], "{fault}: {report}");
+
+        let (_, repaired) = check(&fx, true);
+        let finding = the_finding(
+            &repaired,
+            "unsafe-backing-file",
+            "error",
+            Some(&uuid),
+            &path,
+        );
+        assert_eq!(finding["repaired"], false, "{fault}");
+        let after = fs::symlink_metadata(&path).unwrap();
+        assert_eq!(
+            (before.mode(), before.uid(), before.file_type().is_symlink()),
+            (after.mode(), after.uid(), after.file_type().is_symlink()),
+            "{fault}: repair changed the file"
+        );
+        assert!(
+            loops_of(&fx.host("/elsewhere")).is_empty() && loops_of(&path).is_empty(),
+            "{fault}: repair attached an unsafe file"
+        );
+    }
+}
+
+#[test]
+fn a_backing_file_of_another_size_than_recorded_is_reported_both_ways() {
+    for (delta, hint) in [
+        (1i64 << 20, "interrupted resize"),
+        (-(1i64 << 20), "the file shrank"),
+    ] {
+        let fx = Fixture::new();
+        let uuid = healthy_volume(&fx);
+        let path = fx.backing(&uuid);
+        let actual = (SIZE as i64 + delta) as u64;
+        fs::OpenOptions::new()
+            .write(true)
+            .open(&path)
+            .unwrap()
+            .set_len(actual)
+            .unwrap();
+        let entry = fs::read_to_string(fx.registry_file(&uuid)).unwrap();
+
+        let (_, report) = check(&fx, true);
+        let finding = the_finding(&report, "size-mismatch", "error", Some(&uuid), &path);
+        let message = finding["message"].as_str().unwrap();
+        assert!(
+            message.contains(&format!("has {actual} bytes, the registry records {SIZE}"))
+                && message.contains(hint),
+            "{message}"
+        );
+        assert_eq!(finding["repaired"], false);
+        assert_eq!(fs::metadata(&path).unwrap().len(), actual);
+        assert_eq!(fs::read_to_string(fx.registry_file(&uuid)).unwrap(), entry);
+    }
+}
+
+#[test]
+fn a_create_mark_on_a_registered_file_is_cleared_by_repair() {
+    let fx = Fixture::new();
+    let uuid = healthy_volume(&fx);
+    let path = fx.backing(&uuid);
+    xattr::set(&path, CREATING_MARK, uuid.as_bytes()).expect("user xattrs in the fixture");
+
+    let (_, report) = check(&fx, false);
+    the_finding(&report, "stale-create-mark", "error", Some(&uuid), &path);
+    // Registered, so never mistaken for an interrupted create.
+    assert_eq!(kinds(&report), ["stale-create-mark"], "{report}");
+
+    let (_, repaired) = check(&fx, true);
+    let finding = the_finding(&repaired, "stale-create-mark", "error", Some(&uuid), &path);
+    assert_eq!(finding["repaired"], true);
+    assert_eq!(xattr::get(&path, CREATING_MARK).unwrap(), None);
+    assert_eq!(filesystem_uuid(&path), uuid, "repair touched the data");
+    let (_, after) = check(&fx, false);
+    assert_eq!(kinds(&after), Vec::<String>::new());
+}
+
+#[test]
+fn content_that_is_not_the_volume_is_never_attached_or_rewritten() {
+    for (mode, content) in [
+        ("filesystem", "ext4 of another uuid"),
+        ("block", "ext4 of its own uuid"),
+        ("filesystem", "zeros"),
+    ] {
+        let fx = Fixture::new();
+        let uuid = new_uuid();
+        let path = fx.backing(&uuid);
+        match content {
+            "ext4 of another uuid" => {
+                fx.sparse_file(&path);
+                tool(
+                    "mkfs.ext4",
+                    &["-q", "-F", "-U", &new_uuid(), path.to_str().unwrap()],
+                );
+            }
+            "ext4 of its own uuid" => {
+                fx.make_ext4(&uuid);
+            }
+            _ => fx.sparse_file(&path),
+        }
+        fx.register(&uuid, mode, "enabled = true\n");
+        let data = fs::read(&path).unwrap();
+
+        let (_, report) = check(&fx, true);
+        let finding = the_finding(&report, "content-mismatch", "error", Some(&uuid), &path);
+        let message = finding["message"].as_str().unwrap();
+        assert!(message.contains(", not "), "{content}: {message}");
+        assert!(message.contains(&uuid), "{content}: {message}");
+        assert_eq!(finding["repaired"], false, "{content}");
+        assert_eq!(
+            kinds(&report),
+            ["content-mismatch"],
+            "{content}: no attach attempt either: {report}"
+        );
+        assert!(loops_of(&path).is_empty(), "{content}: repair attached it");
+        assert!(fs::read(&path).unwrap() == data, "{content}: repair wrote");
+    }
+}
+
+#[test]
+fn committed_growth_beyond_free_space_is_overcommitted() {
+    let fx = Fixture::new();
+    let storage = fx.mount_storage(128 << 20);
+    healthy_volume(&fx);
+    let (_, report) = check(&fx, false);
+    assert!(
+        findings_of(&report, "overcommitted").is_empty(),
+        "{SIZE} bytes of growth at most on {} free bytes: {report}",
+        storage.free()
+    );
+
+    // A sparse volume that may grow far beyond the file system.
+    let big = new_uuid();
+    let path = fx.backing(&big);
+    fx.sparse_file_of(&path, 256 << 20);
+    tool(
+        "mkfs.ext4",
+        &["-q", "-F", "-U", &big, path.to_str().unwrap()],
+    );
+    fx.register(&big, "filesystem", "enabled = false\n");
+
+    let (_, report) = check(&fx, true);
+    let finding = the_finding(
+        &report,
+        "overcommitted",
+        "error",
+        None,
+        &storage.mount_point,
+    );
+    assert!(
+        finding["message"]
+            .as_str()
+            .unwrap()
+            .contains("may still grow by"),
+        "{finding}"
+    );
+    assert_eq!(finding["repaired"], false);
+    assert!(path.exists() && fx.registry_file(&big).exists());
+}
+
+#[test]
+fn a_config_that_does_not_validate_is_reported_with_file_and_line() {
+    let fx = Fixture::new();
+    let uuid = healthy_volume(&fx);
+    let config = fx.host("/etc/sparse-volume/config.toml");
+    let text = "reserve = 0\novercommit_ratio = 0.5\n";
+    fs::write(&config, text).unwrap();
+
+    let (_, report) = check(&fx, true);
+    let finding = the_finding(&report, "invalid-config", "error", None, &config);
+    let message = finding["message"].as_str().unwrap();
+    assert!(
+        message.contains(&format!("{}:2:", config.display()))
+            && message.contains("overcommit_ratio")
+            && message.contains("registered volumes still attach"),
+        "{message}"
+    );
+    assert_eq!(finding["repaired"], false);
+    assert_eq!(fs::read_to_string(&config).unwrap(), text);
+    // The volumes are still audited and still work.
+    assert_eq!(kinds(&report), ["invalid-config"], "{report}");
+    fx.run_ok(&["attach", &uuid]);
+    assert_eq!(loops_of(&fx.backing(&uuid)).len(), 1);
+}
+
+/// `check --json` as an unprivileged user.
+fn check_as_nobody(fx: &Fixture) -> (Run, Value) {
+    let output = Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"])
+        .arg(env!("CARGO_BIN_EXE_sparse-volume"))
+        .args(["check", "--json"])
+        .env("SPARSE_VOLUME_ROOT", fx.root.path())
+        .env("DBUS_SYSTEM_BUS_ADDRESS", fx.absent_bus())
+        .env_remove("JOURNAL_STREAM")
+        .output()
+        .expect("running setpriv");
+    let run = Run {
+        code: output.status.code().unwrap_or(-1),
+        stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
+    };
+    let report = run.json();
+    (run, report)
+}
+
+#[test]
+fn an_unprivileged_audit_says_what_it_could_not_verify() {
+    for hidden in ["file", "directory"] {
+        let fx = Fixture::new();
+        // The registry is world-readable on a real system.
+        fs::set_permissions(fx.root.path(), fs::Permissions::from_mode(0o755)).unwrap();
+        let uuid = healthy_volume(&fx);
+        let path = fx.backing(&uuid);
+        let storage = fx.host("/var/lib/sparse-volume");
+        let (mode, expected) = match hidden {
+            "file" => (0o755, "reading the content needs root"),
+            _ => (0o700, "cannot be inspected without root"),
+        };
+        fs::set_permissions(&storage, fs::Permissions::from_mode(mode)).unwrap();
+
+        let (run, report) = check_as_nobody(&fx);
+        let found = findings_of(&report, "content-not-verified");
+        assert_eq!(found.len(), 1, "{hidden}: {report} {}", run.stderr);
+        let finding = found[0];
+        assert_eq!(finding["severity"], "warning", "{finding}");
+        assert_eq!(finding["path"], path.to_str().unwrap(), "{finding}");
+        let message = finding["message"].as_str().unwrap();
+        assert!(
+            message.contains(&uuid) && message.contains(expected),
+            "{hidden}: {message}"
+        );
+        // A warning keeps the audit clean: nothing is known to be wrong.
+        assert_eq!(report["clean"], true, "{hidden}: {report}");
+        assert_eq!(run.code, 0, "{hidden}: {}", run.stderr);
+    }
+}
+
+// --- without systemd -------------------------------------------------------
+
+const DIRECTLY: &str = "attached directly (cannot reach systemd on the system bus";
+
+#[test]
+fn create_now_without_a_bus_says_it_attached_directly() {
+    let fx = Fixture::new();
+    let uuid = new_uuid();
+    let json = fx
+        .run_ok(&[
+            "create", "--size", "16M", "--uuid", &uuid, "--now", "--json",
+        ])
+        .json();
+    let note = json["note"].as_str().unwrap_or_default();
+    assert!(note.starts_with(DIRECTLY), "{json}");
+    assert_eq!(loops_of(&fx.backing(&uuid)).len(), 1);
+
+    let other = new_uuid();
+    let text = fx.run_ok(&["create", "--size", "16M", "--uuid", &other, "--now"]);
+    assert!(text.stdout.contains(DIRECTLY), "{}", text.stdout);
+    assert_eq!(loops_of(&fx.backing(&other)).len(), 1);
+}
+
+#[test]
+fn check_repair_without_a_bus_says_it_attached_directly() {
+    let fx = Fixture::new();
+    let uuid = new_uuid();
+    fx.make_ext4(&uuid);
+    fx.register(&uuid, "filesystem", "enabled = true\n");
+
+    let (_, report) = check(&fx, true);
+    let finding = the_finding(
+        &report,
+        "not-attached",
+        "error",
+        Some(&uuid),
+        &fx.backing(&uuid),
+    );
+    assert_eq!(finding["repaired"], true);
+    assert_eq!(loops_of(&fx.backing(&uuid)).len(), 1);
+    assert!(
+        finding["message"].as_str().unwrap().contains(DIRECTLY),
+        "how the repair was done is not said: {finding}"
+    );
+
+    for device in loops_of(&fx.backing(&uuid)) {
+        tool("losetup", &["-d", &device]);
+    }
+    let text = fx.run_ok(&["check", "--repair"]);
+    assert!(text.stdout.contains(DIRECTLY), "{}", text.stdout);
+}
+
+// --- the finding kinds themselves ----------------------------------------
+
+/// The string literals of Rust source, outside comments; enough of a
+/// tokenizer for our own code (escapes, raw strings, `'"'`).
+fn literals(source: &str) -> Vec<String> {
+    let chars: Vec<char> = source.chars().collect();
+    let mut found = Vec::new();
+    let mut i = 0;
+    while i < chars.len() {
+        let c = chars[i];
+        let next = chars.get(i + 1).copied();
+        if c == '/' && next == Some('/') {
+            while i < chars.len() && chars[i] != '\n' {
+                i += 1;
+            }
+            continue;
+        }
+        if c == '\'' && chars.get(i + 2) == Some(&'\'') {
+            i += 3;
+            continue;
+        }
+        if c == '\'' && next == Some('\\') && chars.get(i + 3) == Some(&'\'') {
+            i += 4;
+            continue;
+        }
+        let identifier_before = i > 0 && (chars[i - 1].is_alphanumeric() || chars[i - 1] == '_');
+        if c == 'r' && !identifier_before && matches!(next, Some('"') | Some('#')) {
+            let mut hashes = 0;
+            let mut j = i + 1;
+            while chars.get(j) == Some(&'#') {
+                hashes += 1;
+                j += 1;
+            }
+            if chars.get(j) == Some(&'"') {
+                let close: String = std::iter::once('"')
+                    .chain(std::iter::repeat_n('#', hashes))
+                    .collect();
+                let rest: String = chars[j + 1..].iter().collect();
+                let end = rest.find(&close).unwrap_or(rest.len());
+                found.push(rest[..end].to_string());
+                i = j + 1 + rest[..end].chars().count() + close.chars().count();
+                continue;
+            }
+        }
+        if c == '"' {
+            let mut text = String::new();
+            let mut j = i + 1;
+            while j < chars.len() && chars[j] != '"' {
+                // Escapes stay as written: no kind has a backslash.
+                if chars[j] == '\\' {
+                    text.push('\\');
+                    j += 1;
+                }
+                if let Some(&ch) = chars.get(j) {
+                    text.push(ch);
+                }
+                j += 1;
+            }
+            found.push(text);
+            i = j + 1;
+            continue;
+        }
+        i += 1;
+    }
+    found
+}
+
+/// The finding kinds in `check`'s source: every lowercase kebab-case
+/// (or one-word) string literal but the two severities. Kinds are passed
+/// around in more ways than one (call arguments, `if` arms, constants),
+/// and such literals are almost only kinds there; one that is not makes
+/// this test fail loudly rather than pass blindly.
+fn finding_kinds(source: &str) -> Vec<String> {
+    let mut kinds: Vec<String> = literals(source)
+        .into_iter()
+        .filter(|text| {
+            !text.is_empty()
+                && !text.starts_with('-')
+                && !text.ends_with('-')
+                && !text.contains("--")
+                && text.chars().all(|c| c.is_ascii_lowercase() || c == '-')
+                && text != "error"
+                && text != "warning"
+        })
+        .collect();
+    kinds.sort();
+    kinds.dedup();
+    kinds
+}
+
+/// The sources `check` reports from: check.rs, and a check/ module
+/// directory should it be split up.
+fn check_sources() -> String {
+    let ops = Path::new(env!("CARGO_MANIFEST_DIR")).join("src/ops");
+    let mut text = fs::read_to_string(ops.join("check.rs")).unwrap_or_default();
+    if let Ok(listing) = fs::read_dir(ops.join("check")) {
+        for entry in listing.flatten() {
+            text.push_str(&fs::read_to_string(entry.path()).unwrap_or_default());
+        }
+    }
+    text
+}
+
+#[test]
+fn every_finding_kind_check_can_report_is_produced_by_a_test() {
+    let reported = finding_kinds(&check_sources());
+    // Guards the scanner: an empty list would make this test pass blindly.
+    for known in ["content-mismatch", "not-attached", "overcommitted"] {
+        assert!(
+            reported.iter().any(|k| k == known),
+            "scanner missed {known}: {reported:?}"
+        );
+    }
+
+    let tests = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests");
+    let mut covered = Vec::new();
+    for entry in fs::read_dir(&tests).unwrap().flatten() {
+        let path = entry.path();
+        if path.extension().is_some_and(|e| e == "rs") {
+            let source = fs::read_to_string(&path).unwrap();
+            covered.extend(literals(&source));
+        }
+    }
+    eprintln!("finding kinds in check: {reported:?}");
+    // Guards the comparison: a kind no test names is not covered.
+    let unheard_of = ["never", "produced"].join("-");
+    assert!(!covered.contains(&unheard_of));
+    let missing: Vec<&String> = reported.iter().filter(|k| !covered.contains(k)).collect();
+    assert!(
+        missing.is_empty(),
+        "check reports {missing:?}, which no test in tests/*.rs names; add a test that produces it"
+    );
+}
+
+#[test]
+fn the_kind_scanner_reads_literals_not_fragments() {
+    let source = "audit.report(\n \"size-mismatch\", x); // f(\"in-comment\")\n\
+                  let y = \"a \\\"not-this\\\" b\"; let q = '\"'; g(\"one-two\", \"error\");\n\
+                  Finding { kind: \"three\", severity: \"warning\" }; s.join(\"\\n\");\n\
+                  if x { \"four-five\" } else { \"Not-Kind\" }; h(r#\"raw-x\"#)";
+    assert_eq!(
+        finding_kinds(source),
+        ["four-five", "one-two", "raw-x", "size-mismatch", "three"]
+    );
+}
