@@ -192,8 +192,13 @@ impl ModeArg {
     }
 }
 
+/// Zero is refused here like any other size that cannot be, so that
+/// `--size 0` is the same usage error as `--size -1`.
 fn parse_size_arg(text: &str) -> Result<u64, String> {
-    parse_size(text)
+    match parse_size(text)? {
+        0 => Err("the size must be greater than zero".into()),
+        size => Ok(size),
+    }
 }
 
 fn parse_sector_size(text: &str) -> Result<u32, String> {
@@ -220,5 +225,30 @@ impl Command {
             Command::Create(args) => args.uuid.as_ref(),
             Command::Check { .. } | Command::List => None,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_zero_size_is_a_usage_error() {
+        for args in [
+            &["create", "--size", "0"][..],
+            &["create", "--size", "0G"],
+            &[
+                "resize",
+                "6f1c2a8e-3b4d-4e5f-8a9b-0c1d2e3f4a5b",
+                "--size",
+                "0",
+            ],
+        ] {
+            let error =
+                Cli::try_parse_from(std::iter::once("sparse-volume").chain(args.iter().copied()))
+                    .expect_err(&format!("{args:?} accepted"));
+            assert_eq!(error.exit_code(), 2, "{args:?}");
+        }
+        assert!(Cli::try_parse_from(["sparse-volume", "create", "--size", "1"]).is_ok());
     }
 }

@@ -21,5 +21,6 @@ pub mod registry;
 pub mod size;
 /// The zbus client inside is behind the `dbus` feature (see the module).
 pub mod systemd;
+pub mod termination;
 pub mod udev;
 pub mod volume_id;

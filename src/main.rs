@@ -7,7 +7,7 @@ use sparse_volume::logging;
 use sparse_volume::ops::{attach, check, create, detach, register, remove, resize, Report};
 use sparse_volume::ops::{enable, list, start, status};
 use sparse_volume::paths::SystemRoot;
-use sparse_volume::registry::Registry;
+use sparse_volume::registry::{Entry, Registry};
 use sparse_volume::volume_id::VolumeId;
 
 fn main() -> ExitCode {
@@ -25,7 +25,7 @@ fn main() -> ExitCode {
             ExitCode::FAILURE,
         );
     }
-    for warning in registry_warnings(&root, cli.command.uuid()) {
+    for warning in registry_warnings(&root, &cli.command) {
         eprintln!("sparse-volume: warning: {warning}");
     }
 
@@ -109,8 +109,13 @@ fn running_as_root() -> bool {
 }
 
 /// What the registry ignored or could not use, on every command: a typo
-/// in a key should be seen long before it matters.
-fn registry_warnings(root: &SystemRoot, id: Option<&VolumeId>) -> Vec<String> {
+/// in a key should be seen long before it matters. `list` shows it for
+/// every volume, other commands for the volume they are about; `check`
+/// reports all of it among its findings, so once is enough.
+fn registry_warnings(root: &SystemRoot, command: &Command) -> Vec<String> {
+    if matches!(command, Command::Check { .. }) {
+        return Vec::new();
+    }
     let registry = Registry::open(root.clone());
     let mut warnings: Vec<String> = registry
         .config_warnings()
@@ -120,7 +125,16 @@ fn registry_warnings(root: &SystemRoot, id: Option<&VolumeId>) -> Vec<String> {
     if let Some(problem) = registry.config_problem() {
         warnings.push(format!("{problem}; using built-in defaults"));
     }
-    if let Some(entry) = id.and_then(|id| registry.entry(id)) {
+    let entries: Vec<Entry> = match command {
+        // Unreadable volumes.d is list's own error to report.
+        Command::List => registry.entries().unwrap_or_default(),
+        _ => command
+            .uuid()
+            .and_then(|id: &VolumeId| registry.entry(id))
+            .into_iter()
+            .collect(),
+    };
+    for entry in entries {
         warnings.extend(entry.warnings.iter().map(ToString::to_string));
     }
     warnings

@@ -1,6 +1,7 @@
 //! Running the file system tools: mkfs at create, growing at resize.
 
 use std::ffi::OsString;
+use std::os::unix::process::CommandExt;
 use std::path::Path;
 use std::process::Command;
 
@@ -15,12 +16,27 @@ where
     I: IntoIterator<Item = S>,
     S: Into<OsString>,
 {
+    run_accepting(program, args, &[0])
+}
+
+/// [`run`] for a tool with more than one exit status that means success.
+fn run_accepting<I, S>(program: &str, args: I, success: &[i32]) -> Result<()>
+where
+    I: IntoIterator<Item = S>,
+    S: Into<OsString>,
+{
     let args: Vec<OsString> = args.into_iter().map(Into::into).collect();
-    let output = Command::new(program)
-        .args(&args)
+    let mut command = Command::new(program);
+    command.args(&args);
+    dies_with_caller(&mut command);
+    let output = command
         .output()
         .with_context(|| format!("running {program} (is it installed?)"))?;
-    if !output.status.success() {
+    if !output
+        .status
+        .code()
+        .is_some_and(|code| success.contains(&code))
+    {
         let stderr = String::from_utf8_lossy(&output.stderr);
         let stdout = String::from_utf8_lossy(&output.stdout);
         bail!(
@@ -30,6 +46,27 @@ where
         );
     }
     Ok(())
+}
+
+/// The tools work on a volume under the caller's volume lock, which they
+/// do not inherit: if the caller is killed, they must not go on working
+/// on it unlocked.
+fn dies_with_caller(command: &mut Command) {
+    let caller = std::process::id();
+    // SAFETY: the closure runs in the forked child before exec and only
+    // makes async-signal-safe system calls (prctl, getppid, _exit).
+    unsafe {
+        command.pre_exec(move || {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            // The caller may have died before the prctl took effect.
+            if u32::try_from(libc::getppid()).ok() != Some(caller) {
+                libc::_exit(1);
+            }
+            Ok(())
+        });
+    }
 }
 
 /// The e2fsprogs and xfsprogs tools put their reason on a line of its own
@@ -97,7 +134,13 @@ pub fn make_filesystem(
 /// fsck first.
 pub fn grow_ext4(target: &Path, mounted: bool) -> Result<()> {
     if !mounted {
-        run("e2fsck", [OsString::from("-f"), "-p".into(), target.into()])?;
+        // Exit status 1 is e2fsck's "errors corrected": the file system is
+        // fine, as after a resize that was killed part way.
+        run_accepting(
+            "e2fsck",
+            [OsString::from("-f"), "-p".into(), target.into()],
+            &[0, 1],
+        )?;
     }
     run("resize2fs", [target.as_os_str()])
 }

@@ -11,21 +11,21 @@ pub fn parse_size(text: &str) -> Result<u64, String> {
     let (digits, suffix) = trimmed.split_at(split);
     if digits.is_empty() {
         return Err(format!(
-            "\"{text}\" is not a size (examples: 4096, 512M, 10G, 1TiB)"
+            "{text:?} is not a size (examples: 4096, 512M, 10G, 1TiB)"
         ));
     }
     let number: u64 = digits
         .parse()
-        .map_err(|_| format!("\"{text}\" is too large"))?;
+        .map_err(|_| format!("{text:?} is too large"))?;
     let multiplier = multiplier(suffix.trim()).ok_or_else(|| {
         format!(
-            "\"{text}\" has an unknown unit \"{}\" (use K, M, G, T, P, KiB…, KB…)",
+            "{text:?} has an unknown unit {:?} (use K, M, G, T, P, KiB…, KB…)",
             suffix.trim()
         )
     })?;
     number
         .checked_mul(multiplier)
-        .ok_or_else(|| format!("\"{text}\" is too large"))
+        .ok_or_else(|| format!("{text:?} is too large"))
 }
 
 fn multiplier(suffix: &str) -> Option<u64> {
@@ -94,6 +94,14 @@ mod tests {
             "20E",
         ] {
             assert!(parse_size(bad).is_err(), "{bad} was accepted");
+        }
+    }
+
+    #[test]
+    fn errors_stay_on_one_line() {
+        for bad in ["1\nX", "x\ny", "99999999999999999999\n"] {
+            let error = parse_size(bad).unwrap_err();
+            assert!(!error.contains('\n'), "{error}");
         }
     }
 

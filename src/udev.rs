@@ -4,6 +4,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use crate::paths::SystemRoot;
+use crate::termination;
 
 /// udev's control socket exists exactly while systemd-udevd runs.
 pub const CONTROL_SOCKET: &str = "/run/udev/control";
@@ -23,6 +24,8 @@ pub enum LinkOutcome {
     NoUdev,
     /// The timeout passed; the link was missing or pointed elsewhere.
     TimedOut { points_to: Option<PathBuf> },
+    /// A stop was requested (see [`crate::termination`]) before either.
+    Stopped,
 }
 
 /// Polls until `link` resolves to `device`. Polling (not inotify) keeps
@@ -42,6 +45,9 @@ pub fn wait_for_link(
         let points_to = std::fs::canonicalize(link).ok();
         if points_to.as_deref() == Some(device) {
             return LinkOutcome::Linked;
+        }
+        if termination::requested() {
+            return LinkOutcome::Stopped;
         }
         if Instant::now() >= deadline {
             return LinkOutcome::TimedOut { points_to };

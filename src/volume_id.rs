@@ -39,10 +39,10 @@ impl FromStr for VolumeId {
     /// Accepts only the canonical form: other spellings of the same UUID
     /// would name different registry files and unit instances.
     fn from_str(text: &str) -> Result<Self, Self::Err> {
-        let uuid = Uuid::try_parse(text).map_err(|_| format!("\"{text}\" is not a UUID"))?;
+        let uuid = Uuid::try_parse(text).map_err(|_| format!("{text:?} is not a UUID"))?;
         if uuid.hyphenated().to_string() != text {
             return Err(format!(
-                "\"{text}\" is not a canonical UUID (lowercase, hyphenated: {})",
+                "{text:?} is not a canonical UUID (lowercase, hyphenated: {})",
                 uuid.hyphenated()
             ));
         }
@@ -79,6 +79,14 @@ mod tests {
             "",
         ] {
             assert!(bad.parse::<VolumeId>().is_err(), "{bad} was accepted");
+        }
+    }
+
+    #[test]
+    fn errors_stay_on_one_line() {
+        for bad in ["6f1c2a8e-3b4d-4e5f-8a9b-0c1d2e3f4a5b\n", "a\nb"] {
+            let error = bad.parse::<VolumeId>().unwrap_err();
+            assert!(!error.contains('\n'), "{error}");
         }
     }
 

@@ -427,3 +427,51 @@ fn a_failed_attach_keeps_a_device_it_did_not_bind() {
     fx.run_ok(&["detach", &uuid]);
     assert!(loops_of(&file).is_empty());
 }
+
+/// systemd stops a start that takes too long (TimeoutStartSec=) with
+/// SIGTERM: attach must release the device it bound, as after any other
+/// failure, since the unit has no ExecStopPost= to do it.
+#[test]
+fn a_stopped_attach_releases_the_device_it_bound() {
+    let fx = Fixture::new();
+    let uuid = new_uuid();
+    let file = fx.make_ext4(&uuid);
+    fx.register(&uuid, "filesystem", "");
+    pretend_udev_runs(&fx);
+    // Long enough that only the SIGTERM can end the wait.
+    fs::write(
+        fx.host("/etc/sparse-volume/config.toml"),
+        "udev_timeout_sec = 600\n",
+    )
+    .unwrap();
+    let child = fx
+        .command(&["attach", &uuid])
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("starting attach");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while loops_of(&file).is_empty() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "attach never bound a device"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    // Bound, so the stop request is caught (it is from before binding).
+    let pid = nix::unistd::Pid::from_raw(child.id() as i32);
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).expect("SIGTERM");
+    let output = child.wait_with_output().expect("reaping attach");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(1), "{stderr}");
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    assert!(stderr.contains("stopped"), "{stderr}");
+    assert!(
+        stderr.contains("again, which this attach had bound"),
+        "{stderr}"
+    );
+    assert!(
+        loops_of(&file).is_empty(),
+        "a stopped attach left {:?} bound",
+        loops_of(&file)
+    );
+}

@@ -306,3 +306,24 @@ fn check_turns_discards_off_on_a_preallocated_volume_bound_by_another_tool() {
     assert_eq!(discard_max(&device), 0);
     fixture.run_ok(&["detach", &uuid]);
 }
+
+/// A device carrying a left-over limit that someone holds open cannot be
+/// renewed; the sparse volume must still end up on exactly one device.
+#[test]
+fn a_held_device_with_a_left_over_limit_never_doubles_a_volume() {
+    let fixture = Fixture::new();
+    let (preallocated, _) = create(&fixture, &["--preallocate"]);
+    let device = attach(&fixture, &preallocated);
+    tool("losetup", &["-d", &device]);
+    let holder = fs::File::open(&device).expect("holding the device open");
+    let (sparse, path) = create(&fixture, &[]);
+    let run = fixture.run_ok(&["attach", &sparse, "--json"]);
+    let devices = common::loops_of(&path);
+    println!(
+        "held {device}; the sparse volume got {devices:?}: {}",
+        run.stdout
+    );
+    assert_eq!(devices.len(), 1, "the sparse volume is on {devices:?}");
+    drop(holder);
+    fixture.run_ok(&["detach", &sparse]);
+}

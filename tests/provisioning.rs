@@ -5,6 +5,7 @@ mod common;
 
 use std::fs;
 use std::io::{Read, Seek, SeekFrom, Write};
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -148,7 +149,6 @@ fn sizes_are_rounded_up_and_uuid_reported() {
     );
     assert_eq!(probed.trim(), uuid);
     // Sparse: far less allocated than the apparent size.
-    use std::os::unix::fs::MetadataExt;
     assert!(fs::metadata(fx.backing(uuid)).unwrap().blocks() * 512 < 10 << 20);
     for bad in [
         &["create", "--size", "ten"][..],
@@ -406,11 +406,22 @@ fn concurrent_creates_get_exactly_the_space_there_is() {
     let fx = Fixture::new();
     let storage = SmallStorage::new(&fx);
     let size: u64 = 200 << 20;
-    let expected = storage.available() / size;
+    // Exactly how many fit, by the rule of src/capacity.rs with the default
+    // settings (overcommit_ratio 1.0, no reserve): create number k+1 fits
+    // iff size <= free_k - committed_k. Each earlier volume i took
+    // allocated_i from free and commits size - allocated_i, so
+    // free_k - committed_k = F0 - k * size - m, where F0 is the free space
+    // before and m the storage file system's own metadata (directory
+    // blocks; a few KiB). Hence exactly floor(F0 / size) creates succeed,
+    // as long as F0 is not within m of a multiple of size (asserted: the
+    // 1 GiB fixture is far from one).
+    let before = storage.available();
+    let expected = before / size;
     assert!(
-        (2..8).contains(&expected),
-        "test file system has room for {expected}"
+        before % size > 1 << 20,
+        "{before} bytes free is too close to a multiple of {size} for an exact count"
     );
+    assert!(expected < 8, "8 creates must ask for more than there is");
 
     let children: Vec<_> = (0..8)
         .map(|_| {
@@ -439,6 +450,22 @@ fn concurrent_creates_get_exactly_the_space_there_is() {
         }
     }
     assert_eq!(created.len() as u64, expected, "{refused} refused");
+    assert_eq!(refused as u64, 8 - expected);
+    // The same, measured afterwards: nothing is overcommitted, and what is
+    // left could not hold one more volume.
+    let committed: u64 = created
+        .iter()
+        .map(|uuid| {
+            let blocks = fs::metadata(fx.backing(uuid)).unwrap().blocks();
+            size - blocks * 512
+        })
+        .sum();
+    let left = storage.available();
+    assert!(committed <= left, "{committed} committed, {left} free");
+    assert!(
+        left - committed < size,
+        "room for another volume was refused: {committed} committed, {left} free"
+    );
     let mut registered: Vec<String> = fs::read_dir(fx.host("/etc/sparse-volume/volumes.d"))
         .unwrap()
         .map(|e| {
@@ -459,6 +486,7 @@ fn concurrent_creates_get_exactly_the_space_there_is() {
 fn resizes_that_would_overrun_are_refused_and_not_recorded() {
     let fx = Fixture::new();
     let storage = SmallStorage::new(&fx);
+    let before = storage.available();
     let uuid = new_uuid();
     fx.run_ok(&["create", "--size", "100M", "--uuid", &uuid]);
     let mut applied = 100u64 << 20;
@@ -475,7 +503,20 @@ fn resizes_that_would_overrun_are_refused_and_not_recorded() {
     }
     let refused = refused.expect("a 1 GiB file system accepted every resize");
     assert!(refused.contains("not enough space"), "{refused}");
-    assert!(applied < storage.available() + (100 << 20) + (1 << 30));
+    // By src/capacity.rs, growing to T needs T - allocated <= free, and
+    // free = F0 - allocated - m (F0: free before the create, m: the
+    // storage file system's own metadata, a few KiB): T fits iff
+    // T <= F0 - m. So the last accepted step is the largest one <= F0.
+    let (first, step) = (100u64 << 20, 150u64 << 20);
+    assert!(
+        (before - first) % step > 1 << 20,
+        "{before} bytes free is too close to a step for an exact answer"
+    );
+    assert_eq!(
+        applied,
+        first + (before - first) / step * step,
+        "free before: {before}"
+    );
     let registry = fs::read_to_string(fx.registry_file(&uuid)).unwrap();
     assert!(
         registry.contains(&format!("size = {applied}\n")),

@@ -71,6 +71,7 @@ impl BindOptions {
 /// volume) to a new loop device.
 pub fn bind_to_free_device(backing: &File, options: &BindOptions) -> Result<Bound> {
     let mut warnings = Vec::new();
+    let mut moves = 0;
     for attempt in 0..MAX_ATTEMPTS {
         let control = LockedControl::acquire()?;
         let number = control.get_free()?;
@@ -82,18 +83,26 @@ pub fn bind_to_free_device(backing: &File, options: &BindOptions) -> Result<Boun
             back_off(attempt);
             continue;
         }
+        // A preallocated volume left its "no discards" on this number;
+        // a sparse volume must not inherit it, and only a new device of
+        // that number is rid of it. Decided before binding: a device we
+        // bound and then released could stay bound while another opener
+        // holds it, leaving the file on two devices.
+        if options.discard
+            && moves < MAX_RESIDUE_MOVES
+            && DiscardLimits::of(number).is_some_and(|limits| limits.turned_off())
+        {
+            drop(device);
+            renew_device(&control, number);
+            moves += 1;
+            continue;
+        }
         match configure(&device, backing, options) {
             Ok(legacy_ioctls) => {
                 let status = verify(&device, backing, options)?;
                 match settle_discards(&device, options) {
                     Discards::AsWanted => {}
                     Discards::NotForbidden(warning) => warnings.push(warning),
-                    Discards::LeftOff if attempt + 1 < MAX_RESIDUE_MOVES => {
-                        let _ = device.clear();
-                        drop(device);
-                        renew_device(&control, number);
-                        continue;
-                    }
                     Discards::LeftOff => warnings.push(format!(
                         "{} does not pass discards (an earlier preallocated volume turned them off and the device could not be renewed); fstrim in this volume returns no space",
                         LoopDevice::path_of(number).display()

@@ -70,6 +70,11 @@ impl LoopStatus {
         self.flags & flag != 0
     }
 
+    /// The backing file's (device, inode).
+    pub fn backing(&self) -> (u64, u64) {
+        (self.backing_dev, self.backing_inode)
+    }
+
     /// True when this device is backed by the file with this `stat`.
     pub fn is_backed_by(&self, dev: u64, inode: u64) -> bool {
         self.backing_dev == dev && self.backing_inode == inode

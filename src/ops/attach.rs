@@ -18,6 +18,7 @@ use crate::loopdev::{self, forbid_discards, BindOptions, DiscardLimits, LoopDevi
 use crate::paths::SystemRoot;
 use crate::probe::{probe, require_identity};
 use crate::registry::{Mode, Registry, Volume};
+use crate::termination;
 use crate::udev::{wait_for_link, LinkOutcome};
 use crate::volume_id::VolumeId;
 
@@ -90,6 +91,11 @@ pub fn attach(root: &SystemRoot, id: &VolumeId) -> Result<AttachReport> {
         .collect::<Vec<_>>();
 
     let meta = backing.metadata().context("inspecting the backing file")?;
+    // systemd stops a start that takes too long with SIGTERM. From here
+    // on (before anything is bound) it is caught: it ends the udev wait,
+    // and the device this call bound is released like after any other
+    // failure.
+    termination::catch_stop_requests();
     let existing: Vec<(u32, LoopStatus)> = loopdev::bound_statuses()?
         .into_iter()
         .filter(|(_, status)| status.is_backed_by(meta.dev(), meta.ino()))
@@ -171,7 +177,9 @@ pub fn attach(root: &SystemRoot, id: &VolumeId) -> Result<AttachReport> {
     );
     let link_state = match waited {
         Ok(state) => state,
-        Err(failure) if bound_here => return Err(release(number, failure)),
+        Err(failure) if bound_here => {
+            return Err(release(number, (meta.dev(), meta.ino()), failure))
+        }
         Err(failure) => {
             return Err(anyhow!(
                 "{failure:#}; {} was attached before this call and stays attached",
@@ -212,6 +220,11 @@ fn await_link(
     match wait_for_link(root, link, &target, timeout) {
         LinkOutcome::Linked => Ok("linked"),
         LinkOutcome::NoUdev => Ok("no-udev"),
+        LinkOutcome::Stopped => bail!(
+            "stopped (SIGTERM or SIGINT) while waiting for udev to point {} at {}",
+            link.display(),
+            target.display()
+        ),
         LinkOutcome::TimedOut { points_to } => {
             let seen = points_to.map_or(String::new(), |p| {
                 format!(" (it points at {})", p.display())
@@ -238,9 +251,9 @@ fn await_link(
 
 /// A failed start leaves nothing behind: detaches the device this call
 /// bound, and says whether that worked, in the one error sentence.
-fn release(number: u32, failure: anyhow::Error) -> anyhow::Error {
+fn release(number: u32, backing: (u64, u64), failure: anyhow::Error) -> anyhow::Error {
     let device = LoopDevice::path_of(number);
-    match detach_device(number) {
+    match detach_device(number, backing) {
         Ok(()) => anyhow!(
             "{failure:#}; detached {} again, which this attach had bound",
             device.display()

@@ -509,7 +509,9 @@ fn audit_volume(audit: &mut Audit, volume: &Volume) -> Result<()> {
             || {
                 // Keeps a concurrent attach of this volume away.
                 let _lock = Registry::volume_lock(&root, &volume.id)?;
-                extra.iter().try_for_each(|&n| detach_device(n))
+                extra
+                    .iter()
+                    .try_for_each(|&n| detach_device(n, (meta.dev(), meta.ino())))
             },
         );
     } else if devices.is_empty() && volume.enabled {
@@ -684,7 +686,7 @@ fn storage_root_leftovers(
                 let _lock = volume_id
                     .map(|id| Registry::volume_lock(&root, &id))
                     .transpose()?;
-                detach_device(number)
+                detach_device(number, status.backing())
             },
         );
     }

@@ -51,10 +51,11 @@ pub fn detach(root: &SystemRoot, id: &VolumeId) -> Result<DetachReport> {
 
 /// [`detach`] for a caller that holds the volume lock already.
 pub fn detach_locked(root: &SystemRoot, id: &VolumeId) -> Result<DetachReport> {
-    let (numbers, found_by) = find_devices(root, id)?;
-    for &number in &numbers {
-        detach_device(number)?;
+    let (devices, found_by) = find_bound(root, id)?;
+    for (number, status) in &devices {
+        detach_device(*number, status.backing())?;
     }
+    let numbers: Vec<u32> = devices.iter().map(|(number, _)| *number).collect();
     Ok(DetachReport {
         changed: !numbers.is_empty(),
         uuid: id.to_string(),
@@ -79,7 +80,23 @@ fn candidate_backing_files(root: &SystemRoot, id: &VolumeId) -> Vec<PathBuf> {
 
 /// The devices of this volume, by the most reliable evidence available.
 pub fn find_devices(root: &SystemRoot, id: &VolumeId) -> Result<(Vec<u32>, &'static str)> {
+    let (devices, found_by) = find_bound(root, id)?;
+    Ok((
+        devices.into_iter().map(|(number, _)| number).collect(),
+        found_by,
+    ))
+}
+
+/// [`find_devices`], with what each device was bound to when found.
+fn find_bound(root: &SystemRoot, id: &VolumeId) -> Result<(Vec<(u32, LoopStatus)>, &'static str)> {
     let statuses = loopdev::bound_statuses()?;
+    let with_status = |numbers: Vec<u32>| -> Vec<(u32, LoopStatus)> {
+        statuses
+            .iter()
+            .filter(|(n, _)| numbers.contains(n))
+            .cloned()
+            .collect()
+    };
 
     // A registry file may (wrongly) name another volume's backing file: a
     // device that another volume tagged as its own is never this one's.
@@ -102,7 +119,7 @@ pub fn find_devices(root: &SystemRoot, id: &VolumeId) -> Result<(Vec<u32>, &'sta
     by_file.sort_unstable();
     by_file.dedup();
     if !by_file.is_empty() {
-        return Ok((by_file, "backing-file"));
+        return Ok((with_status(by_file), "backing-file"));
     }
 
     let reference = id.loop_reference();
@@ -112,7 +129,7 @@ pub fn find_devices(root: &SystemRoot, id: &VolumeId) -> Result<(Vec<u32>, &'sta
         .map(|(n, _)| *n)
         .collect();
     if !by_reference.is_empty() {
-        return Ok((by_reference, "reference"));
+        return Ok((with_status(by_reference), "reference"));
     }
 
     let mut by_link = Vec::new();
@@ -131,7 +148,7 @@ pub fn find_devices(root: &SystemRoot, id: &VolumeId) -> Result<(Vec<u32>, &'sta
         }
     }
     by_link.dedup();
-    Ok((by_link, "udev-link"))
+    Ok((with_status(by_link), "udev-link"))
 }
 
 /// How to keep the data of a device whose backing file was deleted: the
@@ -152,7 +169,11 @@ pub fn backing_file_deleted(number: u32) -> bool {
 /// opener (udev's probe, `blkid`) lets go.
 const RELEASE_GRACE: Duration = Duration::from_secs(3);
 
-pub(crate) fn detach_device(number: u32) -> Result<()> {
+/// Detaches `/dev/loop<number>` if it still attaches the file `backing`
+/// (device, inode) named by whoever found it: between finding a device and
+/// locking it, the number can be released and reused for another file,
+/// which is then none of our business. Gone or reused counts as detached.
+pub(crate) fn detach_device(number: u32, backing: (u64, u64)) -> Result<()> {
     let path = LoopDevice::path_of(number);
     // O_EXCL makes the kernel answer "is it mounted or held?" atomically
     // and keeps anyone from mounting it while we tear it down.
@@ -177,6 +198,7 @@ pub(crate) fn detach_device(number: u32) -> Result<()> {
     };
     let bound = match device.status() {
         Ok(None) => return Ok(()),
+        Ok(Some(status)) if !status.is_backed_by(backing.0, backing.1) => return Ok(()),
         Ok(Some(status)) => status,
         Err(errno) => bail!("reading the status of {}: {errno}", path.display()),
     };

@@ -36,7 +36,7 @@ pub struct RegistryErrorRow {
 impl From<&RegistryError> for RegistryErrorRow {
     fn from(error: &RegistryError) -> Self {
         Self {
-            file: error.file.display().to_string(),
+            file: error.file_for_display(),
             line: error.line,
             reason: error.reason.clone(),
         }

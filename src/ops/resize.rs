@@ -180,7 +180,7 @@ fn grow_filesystem(
                 },
             )?;
             let grown = grow_xfs_unmounted(root, volume, bound.number);
-            let detached = detach_device(bound.number);
+            let detached = detach_device(bound.number, bound.status.backing());
             grown.and(detached)
         }
     }

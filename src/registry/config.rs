@@ -46,8 +46,8 @@ impl Default for Config {
 struct ConfigFile {
     storage_roots: Option<Spanned<Vec<String>>>,
     overcommit_ratio: Option<Spanned<f64>>,
-    reserve: Option<Spanned<ReserveValue>>,
-    udev_timeout_sec: Option<Spanned<u64>>,
+    reserve: Option<Spanned<toml::Value>>,
+    udev_timeout_sec: Option<Spanned<i64>>,
     direct_io: Option<bool>,
 }
 
@@ -59,12 +59,9 @@ const KNOWN_KEYS: &[&str] = &[
     "direct_io",
 ];
 
-#[derive(Deserialize)]
-#[serde(untagged)]
-enum ReserveValue {
-    Bytes(u64),
-    Text(String),
-}
+/// Longer than any boot should wait for a udev link; also keeps the
+/// deadline arithmetic (`Instant + Duration`) far from overflowing.
+const MAX_UDEV_TIMEOUT_SEC: i64 = 3600;
 
 impl Config {
     /// Reads the config file; a missing file means all defaults. The
@@ -108,7 +105,15 @@ impl Config {
                 if !is_normal_absolute(&path) || path == Path::new("/") {
                     return Err(fail(
                         span.clone(),
-                        format!("storage root \"{root}\" must be a normalised absolute directory other than /"),
+                        format!("storage root {root:?} must be a normalised absolute directory other than /"),
+                    ));
+                }
+                // Such a root could never hold a valid volume path, and
+                // it would end up in messages and unit files.
+                if root.chars().any(char::is_control) {
+                    return Err(fail(
+                        span.clone(),
+                        format!("storage root {root:?} must not contain control characters"),
                     ));
                 }
                 config.storage_roots.push(path);
@@ -130,7 +135,19 @@ impl Config {
                 parse_reserve(reserve.into_inner()).map_err(|reason| fail(span, reason))?;
         }
         if let Some(timeout) = raw.udev_timeout_sec {
-            config.udev_timeout = Duration::from_secs(*timeout.get_ref());
+            let seconds = *timeout.get_ref();
+            let seconds = u64::try_from(seconds)
+                .ok()
+                .filter(|_| seconds <= MAX_UDEV_TIMEOUT_SEC)
+                .ok_or_else(|| {
+                    fail(
+                        timeout.span(),
+                        format!(
+                            "udev_timeout_sec must be between 0 and {MAX_UDEV_TIMEOUT_SEC}, not {seconds}"
+                        ),
+                    )
+                })?;
+            config.udev_timeout = Duration::from_secs(seconds);
         }
         if let Some(direct_io) = raw.direct_io {
             config.direct_io = direct_io;
@@ -147,10 +164,12 @@ impl Config {
     }
 }
 
-fn parse_reserve(value: ReserveValue) -> Result<Reserve, String> {
+fn parse_reserve(value: toml::Value) -> Result<Reserve, String> {
     match value {
-        ReserveValue::Bytes(bytes) => Ok(Reserve::Bytes(bytes)),
-        ReserveValue::Text(text) => {
+        toml::Value::Integer(bytes) => u64::try_from(bytes)
+            .map(Reserve::Bytes)
+            .map_err(|_| format!("reserve {bytes} must not be negative")),
+        toml::Value::String(text) => {
             if let Some(percent) = text.trim().strip_suffix('%') {
                 let value: f64 = percent
                     .trim()
@@ -168,6 +187,10 @@ fn parse_reserve(value: ReserveValue) -> Result<Reserve, String> {
                     .map_err(|e| format!("reserve: {e}"))
             }
         }
+        other => Err(format!(
+            "reserve must be a number of bytes or a string such as \"10G\" or \"5%\", not a {}",
+            other.type_str()
+        )),
     }
 }
 
@@ -233,6 +256,31 @@ mod tests {
         assert!(parse("storage_roots = [\"/srv/../etc\"]").is_err());
         assert!(parse("storage_roots = []").is_err());
         assert!(parse("reserve = \"150%\"").is_err());
+    }
+
+    #[test]
+    fn bad_values_are_named() {
+        for (text, reason) in [
+            ("reserve = [1]", "reserve must be a number of bytes"),
+            ("reserve = true", "not a boolean"),
+            ("reserve = -1", "must not be negative"),
+            ("udev_timeout_sec = -1", "between 0 and 3600, not -1"),
+            // Instant + this would overflow while waiting for udev.
+            (
+                "udev_timeout_sec = 9223372036854775807",
+                "between 0 and 3600",
+            ),
+            ("storage_roots = [\"/srv/a\\nb\"]", "control characters"),
+            ("storage_roots = [\"/srv/\\u0000\"]", "control characters"),
+        ] {
+            let err = parse(text).unwrap_err();
+            assert!(err.reason.contains(reason), "{text}: {err}");
+            assert!(!err.to_string().contains('\n'), "{err}");
+        }
+        assert_eq!(
+            parse("udev_timeout_sec = 3600").unwrap().udev_timeout,
+            Duration::from_secs(3600)
+        );
     }
 
     #[test]

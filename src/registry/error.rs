@@ -64,11 +64,25 @@ fn line_of(text: &str, offset: usize) -> usize {
         + 1
 }
 
+impl RegistryError {
+    /// The file's path on one line: a control character in a file name
+    /// would otherwise split the one-line message.
+    pub fn file_for_display(&self) -> String {
+        let text = self.file.display().to_string();
+        if text.chars().any(char::is_control) {
+            text.escape_debug().to_string()
+        } else {
+            text
+        }
+    }
+}
+
 impl fmt::Display for RegistryError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let file = self.file_for_display();
         match self.line {
-            Some(line) => write!(f, "{}:{}: {}", self.file.display(), line, self.reason),
-            None => write!(f, "{}: {}", self.file.display(), self.reason),
+            Some(line) => write!(f, "{file}:{line}: {}", self.reason),
+            None => write!(f, "{file}: {}", self.reason),
         }
     }
 }

@@ -41,7 +41,7 @@ pub fn from_toml<T: DeserializeOwned>(
     let mut ignored = Vec::new();
     let deserializer = toml::Deserializer::new(text);
     let value = serde_ignored::deserialize(deserializer, |path| ignored.push(path.to_string()))
-        .map_err(|e| RegistryError::from_toml(file, text, &e))?;
+        .map_err(|e| RegistryError::at(file, text, e.span(), one_line(e.message())))?;
     let warnings = ignored
         .into_iter()
         .map(|key| RegistryWarning {
@@ -52,6 +52,29 @@ pub fn from_toml<T: DeserializeOwned>(
         })
         .collect();
     Ok((value, warnings))
+}
+
+/// A parser message as one line: some span several ("invalid array" /
+/// "expected `]`"), and values quoted from the file may hold control
+/// characters; an operator reads one line per problem in the journal.
+fn one_line(message: &str) -> String {
+    let joined = message
+        .lines()
+        .map(str::trim)
+        .filter(|line| !line.is_empty())
+        .collect::<Vec<_>>()
+        .join("; ");
+    joined
+        .chars()
+        .flat_map(|c| {
+            let escaped: Vec<char> = if c.is_control() {
+                c.escape_default().collect()
+            } else {
+                vec![c]
+            };
+            escaped
+        })
+        .collect()
 }
 
 /// The known key within a small edit distance of `key`, if any.
@@ -98,6 +121,25 @@ mod tests {
         assert_eq!(nearest("direct-io", &known), Some("direct_io"));
         assert_eq!(nearest("reserv", &known), Some("reserve"));
         assert_eq!(nearest("frobnicate", &known), None);
+    }
+
+    #[test]
+    fn parse_errors_are_one_line() {
+        let file = Path::new("/etc/sparse-volume/config.toml");
+        for text in [
+            "a = [1,\n",
+            "mode = \"raw\\u001b\"\nx = {",
+            "a = \"\\u0085\"\na = 1\n",
+        ] {
+            let error = from_toml::<toml::Table>(file, text, &[]).unwrap_err();
+            let shown = error.to_string();
+            assert!(!shown.contains(char::is_control), "{shown:?}");
+        }
+        assert_eq!(
+            one_line("invalid array\nexpected `]`\n"),
+            "invalid array; expected `]`"
+        );
+        assert_eq!(one_line("a\u{1b}b"), "a\\u{1b}b");
     }
 
     #[test]

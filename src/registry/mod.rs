@@ -10,6 +10,7 @@ mod trust;
 mod volume;
 
 use std::fs;
+use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
@@ -130,11 +131,13 @@ impl Registry {
         files.sort();
         Ok(files
             .into_iter()
-            .map(|file| self.read_entry(file))
+            .filter_map(|file| self.read_entry(file))
             .collect())
     }
 
-    fn read_entry(&self, file: PathBuf) -> Entry {
+    /// `None` when the file is gone: a concurrent `remove` unregistered the
+    /// volume between listing and reading, which is no broken entry.
+    fn read_entry(&self, file: PathBuf) -> Option<Entry> {
         let unreadable = |file: PathBuf, reason: String, named_path| Entry {
             volume: Err(RegistryError::new(&file, None, reason)),
             file,
@@ -143,7 +146,8 @@ impl Registry {
         };
         let contents = match trust::read(&file) {
             Ok(contents) => contents,
-            Err(e) => return unreadable(file, format!("cannot be read: {e}"), None),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return None,
+            Err(e) => return Some(unreadable(file, format!("cannot be read: {e}"), None)),
         };
         // A refused file still names somebody's data.
         let refusal = match (&self.directory_problem, contents.refused) {
@@ -152,22 +156,22 @@ impl Registry {
             (None, None) => None,
         };
         if let Some(error) = refusal {
-            return Entry {
+            return Some(Entry {
                 named_path: named_path(&String::from_utf8_lossy(&contents.bytes)),
                 volume: Err(error),
                 warnings: Vec::new(),
                 file,
-            };
+            });
         }
         let text = match String::from_utf8(contents.bytes) {
             Ok(text) => text,
             Err(e) => {
                 // Still somebody's volume: keep what it names.
                 let named = named_path(&String::from_utf8_lossy(e.as_bytes()));
-                return unreadable(file, "is not valid UTF-8".into(), named);
+                return Some(unreadable(file, "is not valid UTF-8".into(), named));
             }
         };
-        match Volume::parse(&file, &text, &self.config) {
+        Some(match Volume::parse(&file, &text, &self.config) {
             Ok(parsed) => Entry {
                 named_path: Some(parsed.volume.path.clone()),
                 volume: Ok(parsed.volume),
@@ -180,7 +184,7 @@ impl Registry {
                 warnings: Vec::new(),
                 file,
             },
-        }
+        })
     }
 
     /// Every backing file any registry file names, valid or not (host
@@ -202,6 +206,7 @@ impl Registry {
         fs::symlink_metadata(&file)
             .is_ok()
             .then(|| self.read_entry(file))
+            .flatten()
     }
 
     /// The volume registered under `id`, `Ok(None)` if there is none. In
@@ -235,7 +240,13 @@ impl Registry {
             return Err(problem.clone().into());
         }
         let dir = self.root.volumes_dir();
-        fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+        // Explicit 0755, not 0777 less the umask: a umask such as 0002
+        // would make directories that the trust check then refuses.
+        fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o755)
+            .create(&dir)
+            .with_context(|| format!("creating {}", dir.display()))?;
         let text = volume
             .to_toml()
             .with_context(|| format!("registering {}", volume.id))?;

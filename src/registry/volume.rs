@@ -88,11 +88,30 @@ pub struct Volume {
 pub const DEFAULT_SECTOR_SIZE: u32 = 512;
 pub const SECTOR_SIZES: [u32; 2] = [512, 4096];
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
 enum ModeName {
     Filesystem,
     Block,
+}
+
+/// `mode` and `fs_type` are read as strings and matched here: serde's own
+/// enum errors say "wanted string or table" for `mode = 1`, which names
+/// neither the key nor the choices.
+fn mode_name(value: &str) -> Result<ModeName, String> {
+    match value {
+        "filesystem" => Ok(ModeName::Filesystem),
+        "block" => Ok(ModeName::Block),
+        other => Err(format!("mode {other:?} is not \"filesystem\" or \"block\"")),
+    }
+}
+
+fn fs_type_name(value: &str) -> Result<FsType, String> {
+    match value {
+        "ext4" => Ok(FsType::Ext4),
+        "xfs" => Ok(FsType::Xfs),
+        other => Err(format!("fs_type {other:?} is not \"ext4\" or \"xfs\"")),
+    }
 }
 
 /// The file as written by operators and by us; validated into [`Volume`].
@@ -102,8 +121,8 @@ struct VolumeFile {
     uuid: Spanned<String>,
     path: Spanned<String>,
     size: Spanned<i64>,
-    mode: ModeName,
-    fs_type: Option<Spanned<FsType>>,
+    mode: Spanned<String>,
+    fs_type: Option<Spanned<String>>,
     enabled: Option<bool>,
     read_only: Option<bool>,
     direct_io: Option<bool>,
@@ -222,9 +241,17 @@ impl Volume {
                 })?,
         };
 
-        let mode = match raw.mode {
+        let mode_name =
+            mode_name(raw.mode.get_ref()).map_err(|reason| fail(raw.mode.span(), reason))?;
+        let fs_type = match &raw.fs_type {
+            None => FsType::Ext4,
+            Some(value) => {
+                fs_type_name(value.get_ref()).map_err(|reason| fail(value.span(), reason))?
+            }
+        };
+        let mode = match mode_name {
             ModeName::Filesystem => Mode::Filesystem {
-                fs_type: raw.fs_type.as_ref().map_or(FsType::Ext4, |f| *f.get_ref()),
+                fs_type,
                 mkfs_options: raw
                     .mkfs_options
                     .as_ref()
@@ -296,20 +323,34 @@ impl Volume {
             ));
         }
         if let Some(name) = &self.name {
-            if name.chars().any(char::is_control) {
-                return Err(invalid(
-                    "name",
-                    "name must not contain control characters".into(),
-                ));
-            }
+            Self::check_name(name).map_err(|r| invalid("name", r))?;
         }
         if let Mode::Filesystem { mkfs_options, .. } = &self.mode {
-            if mkfs_options.iter().any(|o| o.chars().any(char::is_control)) {
-                return Err(invalid(
-                    "mkfs_options",
-                    "mkfs_options must not contain control characters".into(),
-                ));
+            for option in mkfs_options {
+                Self::check_mkfs_option(option).map_err(|r| invalid("mkfs_options", r))?;
             }
+        }
+        Ok(())
+    }
+
+    /// The rules for a volume's free-text label.
+    fn check_name(name: &str) -> Result<(), String> {
+        if name.chars().any(char::is_control) {
+            return Err("name must not contain control characters".into());
+        }
+        let length = name.chars().count();
+        if length > MAX_NAME_CHARS {
+            return Err(format!(
+                "name is {length} characters long; at most {MAX_NAME_CHARS} are allowed"
+            ));
+        }
+        Ok(())
+    }
+
+    /// The rules for one extra `mkfs` argument.
+    fn check_mkfs_option(option: &str) -> Result<(), String> {
+        if option.chars().any(char::is_control) {
+            return Err("mkfs_options must not contain control characters".into());
         }
         Ok(())
     }
@@ -360,9 +401,14 @@ pub fn check_volume_path(path: &Path) -> Result<(), String> {
             path.to_string_lossy()
         ));
     };
+    // Quoted with escapes: the path may hold a newline, the message may not.
     if !is_normal_absolute(path) || path == Path::new("/") {
+        return Err(format!("path {text:?} must be a normalised absolute path"));
+    }
+    if text.len() > MAX_PATH_BYTES {
         return Err(format!(
-            "path \"{text}\" must be a normalised absolute path"
+            "path is {} bytes long; at most {MAX_PATH_BYTES} are allowed",
+            text.len()
         ));
     }
     // Such a path cannot be written into a unit file (RequiresMountsFor=).
@@ -371,6 +417,13 @@ pub fn check_volume_path(path: &Path) -> Result<(), String> {
     }
     Ok(())
 }
+
+/// The kernel's `PATH_MAX` less the terminating NUL: a longer path
+/// cannot be opened.
+const MAX_PATH_BYTES: usize = 4095;
+
+/// A label is shown in `list` tables and journal lines: one short line.
+const MAX_NAME_CHARS: usize = 255;
 
 /// Where `create` and `register` may put or adopt a file: inside a storage
 /// root, which keeps `check` and the capacity accounting from missing a
@@ -492,9 +545,23 @@ mod tests {
             (
                 minimal("").replace("\"filesystem\"", "\"raw\""),
                 4,
-                "unknown variant",
+                "is not \"filesystem\" or \"block\"",
             ),
-            (minimal("fs_type = \"btrfs\"\n"), 5, "unknown variant"),
+            (
+                minimal("").replace("\"filesystem\"", "1"),
+                4,
+                "expected a string",
+            ),
+            (
+                minimal("fs_type = \"btrfs\"\n"),
+                5,
+                "is not \"ext4\" or \"xfs\"",
+            ),
+            (
+                minimal("fs_type = \"EXT4\"\n"),
+                5,
+                "is not \"ext4\" or \"xfs\"",
+            ),
             (
                 minimal("fs_type = \"ext4\"\n").replace("\"filesystem\"", "\"block\""),
                 5,
@@ -513,6 +580,29 @@ mod tests {
                 "{err}"
             );
         }
+    }
+
+    #[test]
+    fn names_and_paths_fit_on_a_line() {
+        let long_name = minimal(&format!("name = \"{}\"\n", "n".repeat(MAX_NAME_CHARS + 1)));
+        let err = parse(&long_name).unwrap_err();
+        assert_eq!(err.line, Some(5));
+        assert!(err.reason.contains("at most 255"), "{err}");
+        assert!(parse(&minimal(&format!(
+            "name = \"{}\"\n",
+            "é".repeat(MAX_NAME_CHARS)
+        )))
+        .is_ok());
+        let long_path = format!("/var/lib/sparse-volume/{}", "p/".repeat(2100));
+        let text = minimal("").replace(
+            &format!("/var/lib/sparse-volume/{ID}"),
+            long_path.trim_end_matches('/'),
+        );
+        assert!(parse(&text).unwrap_err().reason.contains("at most 4095"));
+        let err =
+            parse(&minimal("").replace(&format!("\"/var/lib/sparse-volume/{ID}\""), "\"a\\nb\""))
+                .unwrap_err();
+        assert!(!err.to_string().contains('\n'), "{err}");
     }
 
     #[test]

@@ -218,23 +218,25 @@ pub fn sysfs_flag(device: &str, attribute: &str) -> String {
 }
 
 impl Drop for Fixture {
-    /// Never leak loop devices into the next test or the CI machine.
+    /// Never leak loop devices into the next test or the CI machine: every
+    /// device whose backing file lies anywhere under this fixture (at any
+    /// depth, also when the file was deleted), as the kernel reports it.
     fn drop(&mut self) {
-        let Ok(listing) = fs::read_dir(self.host("/var/lib/sparse-volume")) else {
+        let prefix = self.root.path().to_string_lossy().into_owned() + "/";
+        let Ok(listing) = fs::read_dir("/sys/block") else {
             return;
         };
         for entry in listing.flatten() {
-            let Ok(output) = Command::new("losetup")
-                .args(["--noheadings", "--output", "NAME", "-j"])
-                .arg(entry.path())
-                .output()
-            else {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            let Ok(backing) = fs::read_to_string(entry.path().join("loop/backing_file")) else {
                 continue;
             };
-            for device in String::from_utf8_lossy(&output.stdout).split_whitespace() {
-                let _ = Command::new("umount").arg(device).output();
-                let _ = Command::new("losetup").args(["-d", device]).output();
+            if !backing.starts_with(&prefix) {
+                continue;
             }
+            let device = format!("/dev/{name}");
+            let _ = Command::new("umount").arg(&device).output();
+            let _ = Command::new("losetup").args(["-d", &device]).output();
         }
     }
 }

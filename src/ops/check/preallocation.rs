@@ -4,6 +4,7 @@
 
 use std::fs::File;
 use std::os::fd::AsRawFd;
+use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 
 use anyhow::{bail, Context, Result};
@@ -12,7 +13,7 @@ use nix::fcntl::{fallocate, FallocateFlags};
 use super::Audit;
 use crate::backing::open_backing_file;
 use crate::extents::allocated_bytes;
-use crate::loopdev::{self, forbid_discards, DiscardLimits};
+use crate::loopdev::{self, forbid_discards, DiscardLimits, LoopDevice};
 use crate::registry::{Registry, Volume};
 use crate::size::format_size;
 
@@ -22,10 +23,9 @@ pub(super) fn audit_preallocation(
     file: &File,
     path: &Path,
 ) -> Result<()> {
-    let size = file
-        .metadata()
-        .context("inspecting the backing file")?
-        .len();
+    let meta = file.metadata().context("inspecting the backing file")?;
+    let size = meta.len();
+    let identity = (meta.dev(), meta.ino());
     match allocated_bytes(file, size) {
         Ok(allocated) if allocated < size => {
             let missing = size - allocated;
@@ -45,7 +45,7 @@ pub(super) fn audit_preallocation(
                     // The volume lock keeps a resize or remove away while
                     // the file is being filled.
                     let _lock = Registry::volume_lock(&root, &volume.id)?;
-                    refill(path, size, missing)
+                    refill(path, identity, size, missing)
                 },
             );
         }
@@ -60,6 +60,7 @@ pub(super) fn audit_preallocation(
             ),
         ),
     }
+    let audit_root = &audit.root.clone();
     for number in loopdev::devices_backed_by(path)? {
         if DiscardLimits::of(number).is_some_and(|limits| limits.passes_discards()) {
             audit.repairable(
@@ -70,15 +71,25 @@ pub(super) fn audit_preallocation(
                     "{}: /dev/loop{number} passes discards, so a consumer's fstrim punches holes into the preallocated file",
                     volume.id
                 ),
-                || forbid_discards(number),
+                || {
+                    // The number may have been released and reused since.
+                    let _lock = Registry::volume_lock(audit_root, &volume.id)?;
+                    match LoopDevice::open(number, false)?.status()? {
+                        Some(status) if status.is_backed_by(identity.0, identity.1) => {
+                            forbid_discards(number)
+                        }
+                        _ => Ok(()),
+                    }
+                },
             );
         }
     }
     Ok(())
 }
 
-/// Allocates the holes again; what was written stays as it is.
-fn refill(path: &Path, size: u64, missing: u64) -> Result<()> {
+/// Allocates the holes again; what was written stays as it is. Only in
+/// the file that was audited, and never beyond its size.
+fn refill(path: &Path, identity: (u64, u64), size: u64, missing: u64) -> Result<()> {
     let directory = path.parent().unwrap_or(path);
     let stats = nix::sys::statvfs::statvfs(directory)
         .with_context(|| format!("measuring free space of {}", directory.display()))?;
@@ -92,9 +103,18 @@ fn refill(path: &Path, size: u64, missing: u64) -> Result<()> {
         );
     }
     let file = open_backing_file(path, false)?;
+    let meta = file.metadata().context("inspecting the backing file")?;
+    if (meta.dev(), meta.ino()) != identity {
+        bail!("{} was replaced since it was audited", path.display());
+    }
     let length = i64::try_from(size).context("size too large")?;
-    fallocate(file.as_raw_fd(), FallocateFlags::empty(), 0, length)
-        .with_context(|| format!("allocating {}", path.display()))?;
+    fallocate(
+        file.as_raw_fd(),
+        FallocateFlags::FALLOC_FL_KEEP_SIZE,
+        0,
+        length,
+    )
+    .with_context(|| format!("allocating {}", path.display()))?;
     file.sync_all()
         .with_context(|| format!("syncing {}", path.display()))
 }

@@ -1,0 +1,369 @@
+//! Every named crash point (`crashpoint::here` in src/): the operation is
+//! killed there (SIGKILL, as a power cut would stop it), then `check`
+//! reports, `check --repair` repairs, the same operation run again
+//! succeeds, and the end state is what an uninterrupted run makes: checked
+//! with `blkid`, `dumpe2fs`, `e2fsck`, `losetup` and the data itself.
+//!
+//! The list of points is read from the sources at test time, so a new
+//! point without a scenario here fails the test.
+
+mod common;
+
+use std::collections::BTreeSet;
+use std::fs;
+use std::os::unix::process::ExitStatusExt;
+use std::path::Path;
+use std::process::Command;
+
+use common::{loops_of, new_uuid, tool, Fixture, Run};
+
+const MIB: u64 = 1 << 20;
+const NO_BUS: &str = "unix:path=/nonexistent";
+
+/// Every point this test drives, with the operation that reaches it.
+const POINTS: [&str; 9] = [
+    "create:after-allocate",
+    "create:after-format",
+    "create:before-rename",
+    "create:before-registry",
+    "create:before-unmark",
+    "resize:after-file",
+    "resize:before-registry",
+    "remove:after-detach",
+    "remove:before-registry",
+];
+
+/// `crashpoint::here("NAME")` calls in src/, read now.
+fn points_in_sources() -> BTreeSet<String> {
+    fn walk(dir: &Path, found: &mut BTreeSet<String>) {
+        for entry in fs::read_dir(dir).expect("reading src") {
+            let path = entry.expect("src entry").path();
+            if path.is_dir() {
+                walk(&path, found);
+            } else if path.extension().is_some_and(|e| e == "rs") {
+                let text = fs::read_to_string(&path).expect("reading a source file");
+                let marker = "crashpoint::here(\"";
+                let mut remaining = text.as_str();
+                while let Some(at) = remaining.find(marker) {
+                    remaining = &remaining[at + marker.len()..];
+                    let end = remaining.find('"').expect("a closing quote");
+                    found.insert(remaining[..end].to_string());
+                }
+            }
+        }
+    }
+    let mut found = BTreeSet::new();
+    walk(
+        &Path::new(env!("CARGO_MANIFEST_DIR")).join("src"),
+        &mut found,
+    );
+    found
+}
+
+fn run(fx: &Fixture, args: &[&str]) -> Run {
+    let output = fx
+        .command(args)
+        .env("DBUS_SYSTEM_BUS_ADDRESS", NO_BUS)
+        .output()
+        .expect("running sparse-volume");
+    Run {
+        code: output.status.code().unwrap_or(-1),
+        stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
+    }
+}
+
+fn run_ok(fx: &Fixture, args: &[&str]) -> Run {
+    let run = run(fx, args);
+    assert_eq!(
+        run.code, 0,
+        "sparse-volume {args:?}: {}{}",
+        run.stdout, run.stderr
+    );
+    run
+}
+
+/// Runs `args` with the crash point armed and insists it was killed there.
+fn crash(fx: &Fixture, point: &str, args: &[&str]) {
+    let status = fx
+        .command(args)
+        .env("DBUS_SYSTEM_BUS_ADDRESS", NO_BUS)
+        .env("SPARSE_VOLUME_CRASH_AT", point)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .status()
+        .expect("running sparse-volume");
+    assert_eq!(
+        status.signal(),
+        Some(9),
+        "{point}: {args:?} was not killed at the point ({status})"
+    );
+}
+
+/// Finding kinds of a `check --json`, sorted.
+fn finding_kinds(run: &Run) -> Vec<String> {
+    let mut kinds: Vec<String> = run.json()["findings"]
+        .as_array()
+        .expect("findings")
+        .iter()
+        .map(|f| f["kind"].as_str().expect("kind").to_string())
+        .collect();
+    kinds.sort();
+    kinds
+}
+
+fn fsck_clean(path: &Path) {
+    let output = Command::new("e2fsck")
+        .arg("-fn")
+        .arg(path)
+        .output()
+        .expect("running e2fsck");
+    assert!(
+        output.status.success(),
+        "e2fsck -fn {}: {}",
+        path.display(),
+        String::from_utf8_lossy(&output.stdout)
+    );
+}
+
+fn ext4_bytes(path: &Path) -> u64 {
+    let text = tool("dumpe2fs", &["-h", path.to_str().expect("UTF-8 path")]);
+    let field = |name: &str| -> u64 {
+        text.lines()
+            .find_map(|l| l.strip_prefix(name))
+            .unwrap_or_else(|| panic!("dumpe2fs shows no {name}"))
+            .trim()
+            .parse()
+            .expect("a number")
+    };
+    field("Block count:") * field("Block size:")
+}
+
+fn registered_size(fx: &Fixture, uuid: &str) -> u64 {
+    let text = fs::read_to_string(fx.registry_file(uuid)).expect("registry file");
+    let value: toml::Value = toml::from_str(&text).expect("registry file parses");
+    value["size"].as_integer().expect("size") as u64
+}
+
+/// Mounts the volume's device, runs `work` on the mount point, unmounts.
+fn with_mounted<T>(fx: &Fixture, uuid: &str, work: impl FnOnce(&Path) -> T) -> T {
+    let devices = loops_of(&fx.backing(uuid));
+    assert_eq!(devices.len(), 1, "{uuid}: devices {devices:?}");
+    let point = fx.host(&format!("/mnt-{uuid}"));
+    fs::create_dir_all(&point).expect("mount point");
+    tool("mount", &[&devices[0], point.to_str().expect("UTF-8 path")]);
+    let result = work(&point);
+    tool("umount", &[point.to_str().expect("UTF-8 path")]);
+    result
+}
+
+/// Writes a file of pseudo-random data and returns its content.
+fn write_data(fx: &Fixture, uuid: &str) -> Vec<u8> {
+    let data: Vec<u8> = (0..3 * MIB as usize)
+        .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
+        .collect();
+    with_mounted(fx, uuid, |point| {
+        fs::write(point.join("data"), &data).expect("writing data");
+    });
+    data
+}
+
+fn read_data(fx: &Fixture, uuid: &str) -> Vec<u8> {
+    with_mounted(fx, uuid, |point| {
+        fs::read(point.join("data")).expect("reading data back")
+    })
+}
+
+fn blkid_uuid(path: &Path) -> String {
+    let text = tool(
+        "blkid",
+        &[
+            "-p",
+            "-o",
+            "value",
+            "-s",
+            "UUID",
+            path.to_str().expect("UTF-8 path"),
+        ],
+    );
+    text.trim().to_string()
+}
+
+/// What `check` said right after the crash, and after `check --repair`.
+struct Seen {
+    after_crash: Vec<String>,
+    after_repair: Vec<String>,
+}
+
+fn check_and_repair(fx: &Fixture) -> Seen {
+    let after_crash = finding_kinds(&run(fx, &["check", "--json"]));
+    let repair = run(fx, &["check", "--repair", "--json"]);
+    assert!(
+        repair.code == 0 || repair.code == 1,
+        "check --repair: {}{}",
+        repair.stdout,
+        repair.stderr
+    );
+    // What a repair leaves is only what it reports it could not fix.
+    let after_repair = finding_kinds(&run(fx, &["check", "--json"]));
+    Seen {
+        after_crash,
+        after_repair,
+    }
+}
+
+fn assert_clean(fx: &Fixture, point: &str) {
+    let check = run(fx, &["check", "--json"]);
+    assert_eq!(check.code, 0, "{point}: check not clean: {}", check.stdout);
+    assert_eq!(check.json()["clean"], true, "{point}");
+}
+
+fn crash_create(fx: &Fixture, point: &str) -> Seen {
+    let uuid = new_uuid();
+    let args = ["create", "--size", "32M", "--uuid", &uuid];
+    crash(fx, point, &args);
+    let seen = check_and_repair(fx);
+    assert_eq!(
+        seen.after_repair,
+        Vec::<String>::new(),
+        "{point}: repair left findings"
+    );
+    let again = run_ok(fx, &[&args[..], &["--json"]].concat()).json();
+    assert_eq!(again["uuid"], uuid.as_str(), "{point}");
+    // The volume is there, formatted for its UUID, at the asked size, and
+    // holds data across detach and attach.
+    let path = fx.backing(&uuid);
+    assert_eq!(blkid_uuid(&path), uuid, "{point}: content");
+    assert_eq!(registered_size(fx, &uuid), 32 * MIB, "{point}");
+    assert_eq!(
+        fs::metadata(&path).expect("file").len(),
+        32 * MIB,
+        "{point}"
+    );
+    fsck_clean(&path);
+    let leftovers: Vec<_> = fs::read_dir(fx.host("/var/lib/sparse-volume"))
+        .expect("storage root")
+        .map(|e| e.expect("entry").file_name())
+        .filter(|name| name.to_string_lossy() != uuid)
+        .collect();
+    assert!(leftovers.is_empty(), "{point}: leftovers {leftovers:?}");
+    run_ok(fx, &["attach", &uuid]);
+    let data = write_data(fx, &uuid);
+    run_ok(fx, &["detach", &uuid]);
+    run_ok(fx, &["attach", &uuid]);
+    assert!(read_data(fx, &uuid) == data, "{point}: data changed");
+    assert_clean(fx, point);
+    run_ok(fx, &["detach", &uuid]);
+    seen
+}
+
+fn crash_resize(fx: &Fixture, point: &str) -> Seen {
+    let uuid = new_uuid();
+    run_ok(fx, &["create", "--size", "32M", "--uuid", &uuid]);
+    run_ok(fx, &["attach", &uuid]);
+    let data = write_data(fx, &uuid);
+    let args = ["resize", &uuid, "--size", "48M"];
+    crash(fx, point, &args);
+    // Never a size that was not applied.
+    assert_eq!(
+        registered_size(fx, &uuid),
+        32 * MIB,
+        "{point}: size recorded early"
+    );
+    let seen = check_and_repair(fx);
+    // check --repair does not finish a resize; it points at `resize`.
+    assert_eq!(
+        seen.after_repair,
+        ["size-mismatch"],
+        "{point}: after repair"
+    );
+    let again = run_ok(fx, &[&args[..], &["--json"]].concat()).json();
+    assert_eq!(again["size"], 48 * MIB, "{point}");
+    let path = fx.backing(&uuid);
+    assert_eq!(registered_size(fx, &uuid), 48 * MIB, "{point}");
+    assert_eq!(
+        fs::metadata(&path).expect("file").len(),
+        48 * MIB,
+        "{point}"
+    );
+    let devices = loops_of(&path);
+    assert_eq!(devices.len(), 1, "{point}: {devices:?}");
+    assert_eq!(
+        tool("blockdev", &["--getsize64", &devices[0]]).trim(),
+        (48 * MIB).to_string(),
+        "{point}: the loop device did not grow"
+    );
+    assert_eq!(
+        ext4_bytes(&path),
+        48 * MIB,
+        "{point}: file system not grown"
+    );
+    fsck_clean(&path);
+    assert!(read_data(fx, &uuid) == data, "{point}: data changed");
+    assert_clean(fx, point);
+    run_ok(fx, &["detach", &uuid]);
+    seen
+}
+
+fn crash_remove(fx: &Fixture, point: &str) -> Seen {
+    let uuid = new_uuid();
+    run_ok(fx, &["create", "--size", "32M", "--uuid", &uuid]);
+    run_ok(fx, &["attach", &uuid]);
+    let path = fx.backing(&uuid);
+    let args = ["remove", &uuid, "--delete-data"];
+    crash(fx, point, &args);
+    assert!(
+        fx.registry_file(&uuid).exists(),
+        "{point}: unregistered before the end"
+    );
+    let seen = check_and_repair(fx);
+    // Data goes before the entry: a remove killed after deleting the file
+    // leaves a registered volume without its file, which only a repeated
+    // remove finishes (repair never drops registry entries).
+    let left: &[&str] = if path.exists() {
+        &[]
+    } else {
+        &["missing-backing-file"]
+    };
+    assert_eq!(seen.after_repair, left, "{point}: after repair");
+    let again = run_ok(fx, &[&args[..], &["--json"]].concat()).json();
+    assert_eq!(again["changed"], true, "{point}: the entry was still there");
+    assert!(
+        !fx.registry_file(&uuid).exists(),
+        "{point}: still registered"
+    );
+    assert!(!path.exists(), "{point}: data not deleted");
+    let devices = tool("losetup", &["-l", "-n", "-O", "NAME,BACK-FILE"]);
+    assert!(
+        !devices.contains(&uuid),
+        "{point}: a device still holds it: {devices}"
+    );
+    assert_clean(fx, point);
+    seen
+}
+
+#[test]
+fn every_crash_point_is_repaired_and_the_operation_completes_when_repeated() {
+    let listed: BTreeSet<String> = POINTS.iter().map(|p| p.to_string()).collect();
+    assert_eq!(
+        listed,
+        points_in_sources(),
+        "tests/crash_points.rs must drive exactly the crash points in src/"
+    );
+    let mut table = Vec::new();
+    for point in POINTS {
+        let fx = Fixture::new();
+        let seen = match point.split(':').next() {
+            Some("create") => crash_create(&fx, point),
+            Some("resize") => crash_resize(&fx, point),
+            Some("remove") => crash_remove(&fx, point),
+            _ => panic!("no scenario for {point}"),
+        };
+        table.push(format!(
+            "  {point:<24} check after the kill: {:?}; after --repair: {:?}",
+            seen.after_crash, seen.after_repair
+        ));
+        println!("{}", table.last().expect("a row"));
+    }
+    println!("crash points: {} of {} driven", table.len(), POINTS.len());
+}
