@@ -149,29 +149,39 @@ const XFS_UUID_OFFSET: usize = 32;
 /// `sb_sectsize`, big-endian u16.
 const XFS_SECTSIZE_OFFSET: usize = 102;
 
+/// How much of the start `probe` reads for file system signatures.
+const HEAD_BYTES: usize = 4096;
+
 /// Reads the signatures at the start of `file` (a regular file or a block
 /// device; both are read the same way).
 pub fn probe(file: &File) -> Result<Content> {
-    if let Some(content) = probe_filesystem(file)? {
+    let mut head = [0u8; HEAD_BYTES];
+    let length = read_up_to(file, &mut head, 0)?;
+    if let Some(content) = filesystem_in(&head[..length]) {
         return Ok(content);
     }
-    Ok(probe_gpt(file).unwrap_or(Content::Unrecognised))
+    Ok(partition_table::read_any(file).map_or(Content::Unrecognised, gpt_content))
 }
 
-fn probe_filesystem(file: &File) -> Result<Option<Content>> {
-    let mut head = [0u8; 4096];
-    let length = read_up_to(file, &mut head, 0)?;
-    let head = &head[..length];
+/// [`probe`] of a file whose whole content is `image`: the same parsers
+/// without a file, for fuzzing them.
+pub fn probe_image(image: &[u8]) -> Content {
+    if let Some(content) = filesystem_in(&image[..image.len().min(HEAD_BYTES)]) {
+        return content;
+    }
+    partition_table::read_any_in_image(image).map_or(Content::Unrecognised, gpt_content)
+}
 
+fn filesystem_in(head: &[u8]) -> Option<Content> {
     if head.len() >= XFS_SECTSIZE_OFFSET + 2 && &head[..4] == XFS_MAGIC {
         let sector_size =
             u16::from_be_bytes([head[XFS_SECTSIZE_OFFSET], head[XFS_SECTSIZE_OFFSET + 1]]);
-        return Ok(Some(Content::Filesystem {
+        return Some(Content::Filesystem {
             fs_type: FsType::Xfs,
             uuid: uuid_at(head, XFS_UUID_OFFSET),
             // A damaged value: assume the smallest, which xfs always reads.
             max_sector_size: u32::from(sector_size).max(512),
-        }));
+        });
     }
     let superblock = EXT_SUPERBLOCK as usize;
     if head.len() >= superblock + EXT_UUID_OFFSET + 16 {
@@ -185,15 +195,15 @@ fn probe_filesystem(file: &File) -> Result<Option<Content>> {
                 ext[offset + 2],
                 ext[offset + 3],
             ]);
-            return Ok(Some(Content::Filesystem {
+            return Some(Content::Filesystem {
                 fs_type: FsType::Ext4,
                 uuid: uuid_at(ext, EXT_UUID_OFFSET),
                 // Block size 1024 << s_log_block_size (at most 64 KiB).
                 max_sector_size: 1024u32.checked_shl(log.min(6)).unwrap_or(1024),
-            }));
+            });
         }
     }
-    Ok(None)
+    None
 }
 
 fn uuid_at(buffer: &[u8], offset: usize) -> Uuid {
@@ -204,18 +214,17 @@ fn uuid_at(buffer: &[u8], offset: usize) -> Uuid {
 
 /// GPT headers store GUIDs in mixed-endian form; the `gpt` crate decodes
 /// them into the same `Uuid` that udev prints in `by-partuuid`.
-fn probe_gpt(file: &File) -> Option<Content> {
-    let (disk, sector_size) = partition_table::read_any(file)?;
+fn gpt_content<D>((disk, sector_size): (gpt::GptDisk<D>, u32)) -> Content {
     let partitions = disk
         .partitions()
         .iter()
         .filter(|(_, p)| p.is_used())
         .map(|(number, p)| (*number, p.part_guid))
         .collect();
-    Some(Content::PartitionTable {
+    Content::PartitionTable {
         partitions,
         sector_size,
-    })
+    }
 }
 
 fn read_up_to(file: &File, buffer: &mut [u8], offset: u64) -> Result<usize> {
@@ -315,6 +324,34 @@ mod tests {
             assert!(content.works_with_sector_size(sector_size));
             assert!(!content.works_with_sector_size(4608 - sector_size));
             assert_eq!(content.preferred_sector_size(512), sector_size);
+        }
+    }
+
+    /// The fuzzed entry point reads what the product's reads.
+    #[test]
+    fn image_and_file_probes_agree() {
+        let uuid = Uuid::parse_str(UUID).unwrap();
+        let gpt = tempfile::tempfile().unwrap();
+        gpt.set_len(2 << 20).unwrap();
+        partition_table::write_new(&gpt, uuid, 512).unwrap();
+        let mut gpt_image = vec![0u8; 2 << 20];
+        gpt.read_exact_at(&mut gpt_image, 0).unwrap();
+        let mut ext4 = vec![0u8; 8192];
+        ext4[1024 + 0x38..][..2].copy_from_slice(&[0x53, 0xEF]);
+        let mut xfs = vec![0u8; 4096];
+        xfs[..4].copy_from_slice(b"XFSB");
+        for (image, expected) in [
+            (gpt_image, "GPT"),
+            (ext4, "ext4"),
+            (xfs, "xfs"),
+            (vec![0u8; 100], "no recognised"),
+        ] {
+            let from_image = probe_image(&image);
+            assert!(from_image.describe().contains(expected), "{from_image:?}");
+            assert_eq!(
+                probe(&file_with(&[(0, &image)], image.len())).unwrap(),
+                from_image
+            );
         }
     }
 
