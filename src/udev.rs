@@ -37,17 +37,21 @@ pub fn wait_for_link(
     device: &Path,
     timeout: Duration,
 ) -> LinkOutcome {
+    if termination::requested() {
+        return LinkOutcome::Stopped;
+    }
     if !is_running(root) {
         return LinkOutcome::NoUdev;
     }
     let deadline = Instant::now() + timeout;
     loop {
+        // A stop wins over a link that appears at the same moment.
+        if termination::requested() {
+            return LinkOutcome::Stopped;
+        }
         let points_to = std::fs::canonicalize(link).ok();
         if points_to.as_deref() == Some(device) {
             return LinkOutcome::Linked;
-        }
-        if termination::requested() {
-            return LinkOutcome::Stopped;
         }
         if Instant::now() >= deadline {
             return LinkOutcome::TimedOut { points_to };

@@ -475,3 +475,54 @@ fn a_stopped_attach_releases_the_device_it_bound() {
         loops_of(&file)
     );
 }
+
+/// A stop that arrives while attach waits for `/dev/loop-control` (held
+/// here as systemd's tools would hold it) ends attach at once, with
+/// nothing bound, instead of binding once the lock is free.
+#[test]
+fn a_stop_while_waiting_for_the_loop_control_lock_binds_nothing() {
+    let fx = Fixture::new();
+    let uuid = new_uuid();
+    let file = fx.make_ext4(&uuid);
+    fx.register(&uuid, "filesystem", "");
+    let control = fs::File::open("/dev/loop-control").expect("opening /dev/loop-control");
+    let held = nix::fcntl::Flock::lock(control, nix::fcntl::FlockArg::LockExclusive)
+        .map_err(|(_, e)| e)
+        .expect("locking /dev/loop-control");
+    let mut child = fx
+        .command(&["attach", &uuid])
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("starting attach");
+    // Wait until attach blocks on the lock (its wait channel says so).
+    let wchan = format!("/proc/{}/wchan", child.id());
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while !fs::read_to_string(&wchan).is_ok_and(|w| w.contains("lock")) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "attach never blocked on the lock"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let pid = nix::unistd::Pid::from_raw(child.id() as i32);
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).expect("SIGTERM");
+    // Still holding the lock: attach must end without it.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("waiting for attach") {
+            break status;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "attach ignored the stop while waiting for the lock"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    };
+    drop(held);
+    assert!(!status.success(), "attach reported success after a stop");
+    assert!(
+        loops_of(&file).is_empty(),
+        "a stopped attach bound {:?}",
+        loops_of(&file)
+    );
+}

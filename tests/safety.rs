@@ -540,3 +540,34 @@ fn stop_and_remove_never_detach_the_last_copy_of_deleted_data() {
     );
     assert!(fx.registry_file(&uuid).exists());
 }
+
+/// A file attached twice (by hand) may be mounted through the device
+/// resize would not use: growing it then would run e2fsck and an offline
+/// resize2fs against a live file system. resize refuses and changes nothing.
+#[test]
+fn resize_refuses_a_file_attached_through_two_devices() {
+    let fx = Fixture::new();
+    let created = fx
+        .run_ok(&["create", "--size", "64M", "--now", "--json"])
+        .json();
+    let uuid = created["uuid"].as_str().unwrap().to_string();
+    let file = fx.backing(&uuid);
+    let second = tool("losetup", &["--find", "--show", file.to_str().unwrap()])
+        .trim()
+        .to_string();
+    let registry_before = fs::read(fx.registry_file(&uuid)).unwrap();
+
+    let run = fx.run(&["resize", &uuid, "--size", "128M"]);
+    let _ = Command::new("losetup").args(["-d", &second]).status();
+    assert_eq!(run.code, 1, "resize should refuse: {}", run.stdout);
+    assert_eq!(run.stderr.lines().count(), 1, "{}", run.stderr);
+    assert!(run.stderr.contains("2 loop devices"), "{}", run.stderr);
+    assert!(run.stderr.contains(&second), "{}", run.stderr);
+    assert_eq!(
+        fs::metadata(&file).unwrap().len(),
+        64 << 20,
+        "the file grew"
+    );
+    assert_eq!(fs::read(fx.registry_file(&uuid)).unwrap(), registry_before);
+    fx.run_ok(&["detach", &uuid]);
+}

@@ -15,6 +15,7 @@ use super::sys::{
     LoopInfo64, LO_FLAGS_AUTOCLEAR, LO_FLAGS_DIRECT_IO, LO_FLAGS_PARTSCAN, LO_FLAGS_READ_ONLY,
 };
 use crate::faultpoint;
+use crate::termination;
 
 /// Another process (one that ignores the control lock, such as `losetup`)
 /// can take the device we were handed; we then ask again.
@@ -73,6 +74,9 @@ pub fn bind_to_free_device(backing: &File, options: &BindOptions) -> Result<Boun
     let mut warnings = Vec::new();
     let mut moves = 0;
     for attempt in 0..MAX_ATTEMPTS {
+        if termination::requested() {
+            bail!("stopped (SIGTERM or SIGINT) before a loop device was bound");
+        }
         let control = LockedControl::acquire()?;
         let number = control.get_free()?;
         let device = LoopDevice::open(number, !options.read_only)?.lock()?;

@@ -95,7 +95,7 @@ pub fn attach(root: &SystemRoot, id: &VolumeId) -> Result<AttachReport> {
     // on (before anything is bound) it is caught: it ends the udev wait,
     // and the device this call bound is released like after any other
     // failure.
-    termination::catch_stop_requests();
+    let stop_requests = termination::catch_stop_requests();
     let existing: Vec<(u32, LoopStatus)> = loopdev::bound_statuses()?
         .into_iter()
         .filter(|(_, status)| status.is_backed_by(meta.dev(), meta.ino()))
@@ -175,6 +175,17 @@ pub fn attach(root: &SystemRoot, id: &VolumeId) -> Result<AttachReport> {
         partition.is_some(),
         &link,
     );
+    // A stop that came after the wait ended is a failure too.
+    let waited = waited.and_then(|state| {
+        if termination::requested() {
+            bail!("stopped (SIGTERM or SIGINT) while attaching");
+        }
+        Ok(state)
+    });
+    if waited.is_err() {
+        // The failure below is the answer to the stop request.
+        stop_requests.acknowledge();
+    }
     let link_state = match waited {
         Ok(state) => state,
         Err(failure) if bound_here => {

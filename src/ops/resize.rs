@@ -93,13 +93,28 @@ pub fn resize(root: &SystemRoot, id: &VolumeId, requested: u64) -> Result<Resize
     let capacity = capacity::measure(&registry, directory, Some(id))?;
     capacity::ensure_fits(&capacity, size.saturating_sub(allocated), directory)?;
 
+    // Grown through one device while a consumer has it mounted through
+    // another, e2fsck and an offline resize2fs would write to a live file
+    // system; and the kernel would then write its old size back.
+    let devices = loopdev::devices_backed_by(&host_path)?;
+    if devices.len() > 1 {
+        bail!(
+            "the backing file is attached through {} loop devices ({}); `sparse-volume check --repair` removes the extra ones, then resize again",
+            devices.len(),
+            devices
+                .iter()
+                .map(|&n| LoopDevice::path_of(n).display().to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+    }
+
     if file.metadata()?.len() < size {
         allocate(&file, size, volume.preallocated)?;
         file.sync_all().context("syncing the grown backing file")?;
     }
     crashpoint::here("resize:after-file");
 
-    let devices = loopdev::devices_backed_by(&host_path)?;
     for &number in &devices {
         LoopDevice::open(number, false)?.refresh_capacity()?;
         // Older kernels recompute the discard limit when the capacity

@@ -72,10 +72,15 @@ pub(super) fn audit_preallocation(
                     volume.id
                 ),
                 || {
-                    // The number may have been released and reused since.
+                    // The number may have been released and reused since;
+                    // the device lock keeps a new bind away while we look.
                     let _lock = Registry::volume_lock(audit_root, &volume.id)?;
-                    match LoopDevice::open(number, false)?.status()? {
-                        Some(status) if status.is_backed_by(identity.0, identity.1) => {
+                    let Ok(device) = LoopDevice::open(number, false) else {
+                        return Ok(());
+                    };
+                    let device = device.lock()?;
+                    match device.status() {
+                        Ok(Some(status)) if status.is_backed_by(identity.0, identity.1) => {
                             forbid_discards(number)
                         }
                         _ => Ok(()),
