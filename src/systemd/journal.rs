@@ -1,5 +1,7 @@
 //! The last journal lines of a unit, to put next to a failed job's result:
 //! the job result says *that* the attach failed, the journal says *why*.
+//! They are detail for whoever asked for it (`-v`): the error itself stays
+//! one sentence on one line, as scripts and config management expect.
 
 use std::io::Read;
 use std::process::{Command, Stdio};
@@ -8,10 +10,15 @@ use std::time::{Duration, Instant};
 /// A failure message should not wait long for its explanation.
 const JOURNAL_TIMEOUT: Duration = Duration::from_secs(3);
 
-/// Up to `count` recent lines `journalctl` shows for `unit`. Best effort:
-/// no journalctl, no journal, no permission or a slow journal all give an
+/// Up to `count` recent lines `journalctl` shows for `unit`, when the
+/// user asked for detail (`-v`, or `SPARSE_VOLUME_LOG` at `info` or
+/// finer); else none, and journalctl is not even run. Best effort: no
+/// journalctl, no journal, no permission or a slow journal all give an
 /// empty list rather than an error that would hide the real one.
 pub fn last_journal_lines(unit: &str, count: usize) -> Vec<String> {
+    if !tracing::enabled!(tracing::Level::INFO) {
+        return Vec::new();
+    }
     let child = Command::new("journalctl")
         .arg(format!("--unit={unit}"))
         .arg(format!("--lines={count}"))

@@ -298,32 +298,125 @@ link_text() {
     if [[ -L $1 ]]; then echo "points at $(readlink -f "$1")"; else echo "does not exist"; fi
 }
 
-# `sparse-volume check` finds nothing but what the scenario leaves on
-# purpose: the corrupt registry file always, the unknown keys on boot 2
-# and 3, the config.toml that does not parse on boot 3. (A full "clean"
-# is impossible while the corrupt file is there: check exits 1 for it.)
+# `sparse-volume check` after boot N. The corrupt registry file is there on
+# purpose: check must name it and exit 1. Without it, check must exit 0 and
+# find nothing, except what this boot leaves on purpose: the unknown keys
+# on boot 2 (warnings, exit 0), the config.toml that does not parse on
+# boot 3 (an error, exit 1); and on a boot with an emergency switch, a
+# volume it keeps detached may only be mentioned with the switch named.
 check_findings() {
-    local boot=$1 allowed=invalid-registry-file out kinds kind
+    local boot=$1 out err rc required="" expect_rc=0 finding kind
     case $boot in
-    2) allowed+=" unknown-key" ;;
-    3) allowed+=" unknown-key invalid-config" ;;
+    2) required="unknown-key" ;;
+    3) required="invalid-config unknown-key" expect_rc=1 ;;
     esac
-    out=$($CLI check --json 2>/dev/null) || true
-    kinds=$(grep -o '"kind":"[^"]*"' <<<"$out" | cut -d'"' -f4 | sort -u)
-    for kind in $kinds; do
-        [[ " $allowed " == *" $kind "* ]] ||
-            fail "after boot $boot: sparse-volume check found \"$kind\" (expected no kinds but: $allowed): $out"
+    run_rc out err $CLI check --json
+    ((rc == 1)) ||
+        fail "after boot $boot: check exited $rc with the corrupt registry file $CORRUPT.toml in place, expected 1: $out $err"
+    grep -q "\"kind\":\"invalid-registry-file\"[^}]*$CORRUPT\.toml" <<<"$out" ||
+        fail "after boot $boot: check did not report the corrupt registry file $CORRUPT.toml as invalid-registry-file: $out"
+    mv "$VOLUMES_D/$CORRUPT.toml" /root/corrupt.toml
+    run_rc out err $CLI check --json
+    mv /root/corrupt.toml "$VOLUMES_D/$CORRUPT.toml"
+    ((rc == expect_rc)) ||
+        fail "after boot $boot: check (corrupt registry file set aside) exited $rc, expected $expect_rc: $out $err"
+    for kind in $required; do
+        grep -q "\"kind\":\"$kind\"" <<<"$out" ||
+            fail "after boot $boot: check did not report $kind (left on purpose for this boot): $out"
     done
+    while read -r finding; do
+        kind=$(sed -n 's/^{"kind":"\([^"]*\)".*/\1/p' <<<"$finding")
+        [[ " $required " == *" $kind "* ]] && continue
+        [[ -n $(expected_switch) && $finding == *sparse_volume* ]] && continue
+        fail "after boot $boot: sparse-volume check found $finding (expected no finding but: ${required:-none})"
+    done < <(sed 's/{"kind":/\n{"kind":/g' <<<"$out" | grep '^{"kind":')
+    log "check after boot $boot: exit 1 naming the corrupt registry file; without it exit $rc, findings: $(grep -o '"kind":"[^"]*"' <<<"$out" | cut -d'"' -f4 | sort | uniq -c | tr -s ' \n' ' ' || true)"
+}
+
+# The emergency switch of this boot (prepare-boot writes it; scenario.sh
+# puts it on the kernel command line for that boot only), or nothing.
+BOOT_SWITCH=/root/boot-switch
+expected_switch() { cat "$BOOT_SWITCH" 2>/dev/null || true; }
+# The UUIDs sparse_volume.skip= names in this boot, space-separated.
+switch_skips() { expected_switch | sed -n 's/^sparse_volume\.skip=//p' | tr ',' ' '; }
+# stderr without the warnings every command repeats (unknown keys).
+error_lines() { grep -v '^sparse-volume: warning: ' <<<"$1" || true; }
+
+# Booted with sparse_volume.skip=: those volumes stay detached, the
+# generator says so naming each, and attaching one by hand is refused in
+# one line naming the switch (verify checks the others as usual).
+verify_skipped() {
+    local boot=$1 skipped=$2 uuid out err rc line kernel_log
+    kernel_log=$(journalctl -b 0 -k --no-pager)
+    for uuid in $skipped; do
+        [[ -z $(losetup --noheadings -j "$(file_of "$uuid")") ]] ||
+            fail "boot $boot: $uuid is attached although sparse_volume.skip= names it"
+        systemctl is-active --quiet "sparse-volume@$uuid.service" &&
+            fail "boot $boot: sparse-volume@$uuid.service is active although sparse_volume.skip= names it"
+        line=$(grep -E "sparse-volume-generator: .*$uuid.*sparse_volume\.skip=" <<<"$kernel_log") ||
+            fail "boot $boot: no generator line in the kernel log naming the skipped volume $uuid and sparse_volume.skip=; generator lines: $(grep sparse-volume-generator <<<"$kernel_log" || echo none)"
+        log "kernel log: $line"
+        run_rc out err $CLI attach "$uuid"
+        err=$(error_lines "$err")
+        ((rc == 1)) || fail "boot $boot: attach of the skipped volume $uuid exited $rc, expected 1: $out $err"
+        [[ $(grep -c . <<<"$err") == 1 && $err == *"$uuid"*"sparse_volume.skip="* ]] ||
+            fail "boot $boot: attach of the skipped volume $uuid: expected one line on stderr naming it and sparse_volume.skip=, got: $err"
+        log "attach refused: $err"
+        [[ -z $(losetup --noheadings -j "$(file_of "$uuid")") ]] ||
+            fail "boot $boot: the refused attach of $uuid left a loop device"
+    done
+}
+
+# Booted with sparse_volume=off: no volume attached, no volume unit
+# started, the generator says why, attach by hand is refused naming the
+# switch, and the boot still reaches multi-user.target.
+verify_off() {
+    local boot=$1 system name units line out err rc kernel_log
+    [[ $(</proc/cmdline) == *sparse_volume=off* ]] ||
+        fail "harness: this boot should have sparse_volume=off on the kernel command line, has: $(</proc/cmdline)"
+    system=$(systemctl is-system-running --wait || true)
+    [[ $(systemctl is-active multi-user.target) == active ]] ||
+        fail "sparse_volume=off: multi-user.target is $(systemctl is-active multi-user.target) (expected active); system: $system; failed units: $(systemctl --failed --no-legend --plain)"
+    for name in $ENABLED_VOLUMES DISABLED; do
+        [[ -z $(losetup --noheadings -j "$(file_of "${!name}")") ]] ||
+            fail "sparse_volume=off: volume $name (${!name}) is attached"
+    done
+    units=$(systemctl list-units --all --no-legend --plain --state=active,activating,failed 'sparse-volume@*')
+    [[ -z $units ]] || fail "sparse_volume=off: volume units were started: $units"
+    kernel_log=$(journalctl -b 0 -k --no-pager)
+    line=$(grep -E "sparse-volume-generator: .*sparse_volume=off" <<<"$kernel_log") ||
+        fail "sparse_volume=off: no generator line in the kernel log naming the switch; generator lines: $(grep sparse-volume-generator <<<"$kernel_log" || echo none)"
+    log "kernel log: $line"
+    run_rc out err $CLI attach "$EXT4"
+    err=$(error_lines "$err")
+    ((rc == 1)) || fail "sparse_volume=off: attach $EXT4 exited $rc, expected 1: $out $err"
+    [[ $(grep -c . <<<"$err") == 1 && $err == *"$EXT4"*"sparse_volume=off"* ]] ||
+        fail "sparse_volume=off: attach $EXT4: expected one line on stderr naming it and sparse_volume=off, got: $err"
+    log "attach refused: $err"
+    [[ -z $(losetup --noheadings -j "$(file_of "$EXT4")") ]] || fail "sparse_volume=off: the refused attach left a loop device"
+    check_findings "$boot"
+    log "sparse_volume=off: no volume attached, no volume unit started, multi-user.target active (system $system; failed units: $(systemctl --failed --no-legend --plain | cut -d' ' -f1 | tr '\n' ' '))"
 }
 
 verify() {
     local boot=$1
     # shellcheck disable=SC1090
     . "$STATE"
+    if [[ $(expected_switch) == sparse_volume=off ]]; then
+        verify_off "$boot"
+        return
+    fi
     systemctl is-system-running --wait >/dev/null || true
 
-    local uuid file device
+    local uuid file device skipped
+    skipped=$(switch_skips)
+    [[ $(</proc/cmdline) == *"$(expected_switch)"* ]] ||
+        fail "harness: boot $boot should have \"$(expected_switch)\" on the kernel command line, has: $(</proc/cmdline)"
+    if [[ -z $(expected_switch) ]] && grep -q 'sparse_volume' /proc/cmdline; then
+        fail "harness: boot $boot should have no sparse_volume switch on the kernel command line, has: $(</proc/cmdline)"
+    fi
     for uuid in "$EXT4" "$XFS" "$READONLY"; do
+        [[ " $skipped " == *" $uuid "* ]] && continue
         device=$(only_loop_of "/var/lib/sparse-volume/$uuid")
         [[ $(readlink -f "/dev/disk/by-uuid/$uuid") == "$device" ]] ||
             fail "/dev/disk/by-uuid/$uuid does not point at $device"
@@ -334,8 +427,11 @@ verify() {
     [[ $(cat "/sys/block/${device#/dev/}/loop/partscan") == 1 ]] || fail "$device does not scan partitions"
     [[ $(readlink -f "/dev/disk/by-partuuid/$BLOCK") == "${device}p1" ]] ||
         fail "/dev/disk/by-partuuid/$BLOCK does not point at ${device}p1"
-    device=$(only_loop_of "/var/lib/sparse-volume/$READONLY")
-    [[ $(cat "/sys/block/${device#/dev/}/ro") == 1 ]] || fail "the read-only volume is writable"
+    if [[ " $skipped " != *" $READONLY "* ]]; then
+        device=$(only_loop_of "/var/lib/sparse-volume/$READONLY")
+        [[ $(cat "/sys/block/${device#/dev/}/ro") == 1 ]] || fail "the read-only volume is writable"
+    fi
+    [[ -z $skipped ]] || verify_skipped "$boot" "$skipped"
 
     [[ -z $(losetup --noheadings -j "/var/lib/sparse-volume/$DISABLED") ]] || fail "the disabled volume was attached"
     systemctl is-active --quiet "sparse-volume@$DISABLED.service" && fail "the disabled volume's unit is active"
@@ -443,6 +539,128 @@ systemd_commands() {
     log "enable/disable/start/stop against systemd $(systemctl --version | head -n 1 | cut -d' ' -f2): ok"
 }
 
+# What only the stub systemd had shown (issue 10): enable without --now
+# and its "reloaded", a repeated stop, the unit states list and status
+# report, remove of an active volume, and a failed start's error text.
+unit_states() {
+    # shellcheck disable=SC1090
+    . "$STATE"
+    local out err rc file
+
+    # enable without --now: the flag and a daemon-reload (systemd then
+    # sees the generator's wants link), but no start.
+    file=$(file_of "$DISABLED")
+    run_rc out err $CLI enable "$DISABLED" --json
+    ((rc == 0)) || fail "enable $DISABLED --json exited $rc: $out $err"
+    [[ $(json_field changed <<<"$out") == true && $(json_field reloaded <<<"$out") == true &&
+        $(json_field enabled <<<"$out") == true && $(json_field job_result <<<"$out") == null ]] ||
+        fail "enable (no --now) of the disabled volume: expected changed, reloaded and enabled true, job_result null: $out"
+    systemctl show -P Wants sparse-volumes.target | grep -qw "sparse-volume@$DISABLED.service" ||
+        fail "enable said \"reloaded\":true, but systemd's sparse-volumes.target does not want sparse-volume@$DISABLED.service: $(systemctl show -P Wants sparse-volumes.target)"
+    [[ -z $(losetup --noheadings -j "$file") ]] || fail "enable without --now attached $DISABLED"
+    [[ $(systemctl is-active "sparse-volume@$DISABLED.service") == inactive ]] ||
+        fail "enable without --now: sparse-volume@$DISABLED.service is $(systemctl is-active "sparse-volume@$DISABLED.service"), expected inactive"
+    run_rc out err $CLI enable "$DISABLED" --json
+    [[ $rc == 0 && $(json_field changed <<<"$out") == false && $(json_field reloaded <<<"$out") == false ]] ||
+        fail "a repeated enable: expected exit 0, changed and reloaded false; exit $rc: $out $err"
+    run_rc out err $CLI disable "$DISABLED" --json
+    [[ $rc == 0 && $(json_field changed <<<"$out") == true && $(json_field reloaded <<<"$out") == true ]] ||
+        fail "disable (no --now): expected exit 0, changed and reloaded true; exit $rc: $out $err"
+    ! systemctl show -P Wants sparse-volumes.target | grep -qw "sparse-volume@$DISABLED.service" ||
+        fail "after disable, sparse-volumes.target still wants sparse-volume@$DISABLED.service"
+    log "enable/disable without --now: reloaded, systemd's wants follow the flag, nothing started"
+
+    # A repeated stop: the second changes nothing and still succeeds.
+    file=$(file_of "$XFS")
+    run_rc out err $CLI stop "$XFS" --json
+    [[ $rc == 0 && $(json_field changed <<<"$out") == true ]] || fail "stop $XFS: expected exit 0, changed true; exit $rc: $out $err"
+    [[ -z $(losetup --noheadings -j "$file") ]] || fail "stop left $XFS attached"
+    run_rc out err $CLI stop "$XFS" --json
+    [[ $rc == 0 && $(json_field changed <<<"$out") == false ]] ||
+        fail "a repeated stop of $XFS: expected exit 0, changed false; exit $rc: $out $err"
+
+    # A failed start (foreign content): one line on stderr naming the
+    # volume; the journal's explanation only with -v.
+    local bad one
+    bad=$(new_uuid)
+    $CLI create --uuid "$bad" --size 32M >/dev/null
+    mkfs.ext4 -q -F -U "$(new_uuid)" "$(file_of "$bad")"
+    run_rc out err $CLI start "$bad"
+    ((rc == 1)) || fail "start of a volume with foreign content exited $rc, expected 1: $out $err"
+    [[ -z $out && $(grep -c . <<<"$err") == 1 && $err == "sparse-volume: starting $bad: "*failed* ]] ||
+        fail "the failed start of $bad: expected nothing on stdout and one line on stderr (\"sparse-volume: starting $bad: ...failed...\"), got stdout: $out; stderr: $err"
+    log "failed start, stderr: $err"
+    run_rc out err $CLI start "$bad" --json
+    [[ $rc == 1 && $(grep -c . <<<"$out") == 1 && $(json_field uuid <<<"$out") == "$bad" &&
+        $(json_field changed <<<"$out") == false && $out == *'"error":"'* && $(grep -c . <<<"$err") == 1 ]] ||
+        fail "the failed start --json of $bad: expected exit 1, one JSON line with uuid, changed false and error, one line on stderr; exit $rc, stdout: $out; stderr: $err"
+    run_rc out err $CLI -v start "$bad"
+    one=$(grep -c . <<<"$err" || true)
+    [[ $rc == 1 && $err == *"holds an ext4 file system with UUID"* ]] ||
+        fail "the failed start -v of $bad: expected the attach's reason from the journal (\"holds an ext4 file system with UUID ...\") on stderr; exit $rc, stderr: $err"
+    log "failed start with -v: $one lines on stderr, with the journal's reason"
+
+    # The states list and status report, for an active, a stopped, a
+    # disabled and a failed volume.
+    local list
+    run_rc list err $CLI list --json
+    ((rc == 1)) || fail "list --json exited $rc, expected 1 (the corrupt registry file): $list $err"
+    expect_states "$EXT4" "active volume" active exited success linked "$list"
+    expect_states "$XFS" "stopped volume" inactive dead success missing "$list"
+    expect_states "$DISABLED" "disabled volume" inactive dead success missing "$list"
+    expect_states "$bad" "volume whose start failed" failed failed exit-code missing "$list"
+    log "list --json and status --json: active, stopped, disabled and failed volumes as systemd and the device say"
+
+    $CLI remove "$bad" >/dev/null || fail "remove of the failed volume $bad failed"
+    rm -f "/var/lib/sparse-volume/$bad"
+    systemctl reset-failed "sparse-volume@$bad.service" 2>/dev/null || true
+    $CLI start "$XFS" >/dev/null || fail "start $XFS failed"
+
+    # remove of an active volume: its unit is stopped through systemd
+    # (the unit's ExecStop detaches), then it is unregistered.
+    local victim since
+    victim=$(new_uuid)
+    $CLI create --uuid "$victim" --size 32M --now >/dev/null
+    file=$(file_of "$victim")
+    [[ $(systemctl is-active "sparse-volume@$victim.service") == active ]] ||
+        fail "create --now: sparse-volume@$victim.service is $(systemctl is-active "sparse-volume@$victim.service"), expected active"
+    since=$(date +%s)
+    sleep 1
+    run_rc out err $CLI remove "$victim" --json
+    [[ $rc == 0 && $(json_field changed <<<"$out") == true ]] || fail "remove of the active volume $victim: exit $rc: $out $err"
+    [[ -z $(losetup --noheadings -j "$file") ]] || fail "remove of the active volume $victim left it attached"
+    [[ ! -e $VOLUMES_D/$victim.toml ]] || fail "remove of the active volume $victim left its registry file"
+    [[ $(systemctl is-active "sparse-volume@$victim.service") == inactive ]] ||
+        fail "after remove, sparse-volume@$victim.service is $(systemctl is-active "sparse-volume@$victim.service"), expected inactive"
+    local unit_log
+    unit_log=$(journalctl -u "sparse-volume@$victim.service" --since "@$since" --no-pager -o cat || true)
+    grep -q '^detached ' <<<"$unit_log" ||
+        fail "remove of the active volume $victim: its unit's ExecStop did not detach (not stopped through systemd?); unit journal: $unit_log"
+    rm -f "$file"
+    log "remove of an active volume: stopped through its unit ($(grep '^detached ' <<<"$unit_log" | head -n 1)), then unregistered"
+}
+
+# expect_states UUID WHAT ACTIVE SUB RESULT LINK LIST_JSON: the volume's
+# unit and link states in `list --json` (LIST_JSON) and `status --json`.
+expect_states() {
+    local uuid=$1 what=$2 active=$3 sub=$4 result=$5 link=$6 list=$7 row status rc=0 field got expected
+    row=$(sed 's/{"uuid":/\n{"uuid":/g' <<<"$list" | grep "^{\"uuid\":\"$uuid\"") ||
+        fail "list --json has no row for the $what $uuid: $list"
+    status=$($CLI status "$uuid" --json) || rc=$?
+    for field in active_state sub_state unit_result link_state; do
+        case $field in
+        active_state) expected=$active ;;
+        sub_state) expected=$sub ;;
+        unit_result) expected=$result ;;
+        link_state) expected=$link ;;
+        esac
+        got=$(json_field "$field" <<<"$row")
+        [[ $got == "$expected" ]] || fail "list --json, $what $uuid: $field is \"$got\", expected \"$expected\": $row"
+        got=$(json_field "$field" <<<"$status")
+        [[ $got == "$expected" ]] || fail "status --json (exit $rc), $what $uuid: $field is \"$got\", expected \"$expected\": $status"
+    done
+}
+
 # Item 8 of issue 9: stopping or disabling one volume never stops units
 # that only depend on sparse-volumes.target, with Wants= or Requires=.
 consumers() {
@@ -481,13 +699,20 @@ device_truth() {
     mv "$VOLUMES_D/$CORRUPT.toml" /root/corrupt.toml
 
     # A device detached by hand under an active unit: check --repair must
-    # bring it back, not call the unit's "active" a repair.
+    # bring it back through the unit (a new invocation, active), not call
+    # the unit's "active" a repair.
+    local invocation
+    invocation=$(systemctl show -P InvocationID "sparse-volume@$XFS.service")
     $CLI detach "$XFS" >/dev/null
     [[ -z $(losetup --noheadings -j "$file") ]] || fail "detach by hand left $XFS attached"
     run_rc out err $CLI check --repair --json
     ((rc == 0)) || fail "check --repair --json after a detach by hand exited $rc, expected 0: $out $err"
     [[ -n $(losetup --noheadings -j "$file") ]] ||
         fail "after detach by hand and \`check --repair\` (exit $rc), $XFS has no loop device (expected: attached again); check said: $out"
+    [[ $(systemctl is-active "sparse-volume@$XFS.service") == active ]] ||
+        fail "after detach by hand and \`check --repair\`, sparse-volume@$XFS.service is $(systemctl is-active "sparse-volume@$XFS.service"), expected active"
+    [[ $(systemctl show -P InvocationID "sparse-volume@$XFS.service") != "$invocation" ]] ||
+        fail "after detach by hand and \`check --repair\`, sparse-volume@$XFS.service has the same invocation ($invocation): the repair did not go through the unit"
     [[ -n $(losetup --noheadings -j "$file") ]] || systemctl restart "sparse-volume@$XFS.service"
 
     # The same with start: it must say it changed something, and do it.
@@ -558,11 +783,28 @@ prepare_boot() {
     2)
         echo "overcommit = 2.0" >>"$CONFIG"
         echo "frobnicate = 1" >>"$VOLUMES_D/$OTHER.toml"
-        log "boot 2 starts with an unknown key in config.toml (overcommit) and in $OTHER.toml (frobnicate)"
+        # Two enabled volumes no phase before boot 3 needs, and no fstab
+        # consumer waits for: the others must come up as usual.
+        echo "sparse_volume.skip=$READONLY,$XFS" >"$BOOT_SWITCH"
+        log "boot 2 starts with an unknown key in config.toml (overcommit) and in $OTHER.toml (frobnicate), and $(expected_switch) on the kernel command line"
         ;;
     3)
         echo "storage_roots = [" >"$CONFIG"
-        log "boot 3 starts with a config.toml that does not parse"
+        rm -f "$BOOT_SWITCH"
+        log "boot 3 starts with a config.toml that does not parse (and no switch on the kernel command line)"
+        ;;
+    5)
+        # With every volume off, the fstab consumers must not hold the boot
+        # (a mount that needs its device would, for 90 s, then go to
+        # emergency mode): an operator using the switch mounts with nofail.
+        sed -i -e "s|^\(UUID=$EXT4 /srv/consumer ext4 defaults\)|\1,nofail,x-systemd.device-timeout=5s|" \
+            -e "s|^\(PARTUUID=$BLOCK /srv/block ext4 defaults\)|\1,nofail,x-systemd.device-timeout=5s|" \
+            -e "/^UUID=$E4K /s/device-timeout=30s/device-timeout=5s/" \
+            -e "/^UUID=$X4K /s/device-timeout=30s/device-timeout=5s/" /etc/fstab
+        [[ $(grep -c 'nofail,x-systemd.device-timeout=5s' /etc/fstab) == 4 ]] ||
+            fail "prepare-boot 5: the four fstab consumers of volumes were not made nofail with a 5 s device timeout: $(cat /etc/fstab)"
+        echo "sparse_volume=off" >"$BOOT_SWITCH"
+        log "boot 5 starts with sparse_volume=off on the kernel command line"
         ;;
     *) fail "prepare-boot: no boot $boot" ;;
     esac
@@ -643,6 +885,7 @@ package() {
 }
 
 case $phase in
+unit-states) unit_states ;;
 setup) setup ;;
 verify) verify "${2:?boot number}" ;;
 consumers) consumers ;;

@@ -344,6 +344,18 @@ vm__serial_boots() {
     grep -c 'Linux version' "$SV_VM_RUN/serial.log" 2>/dev/null || true
 }
 
+# The serial console since the last kernel started, without colours.
+vm__serial_this_boot() {
+    tr -d '\r' <"$SV_VM_RUN/serial.log" 2>/dev/null | sed -e 's/\x1b\[[0-9;]*m//g' |
+        awk '/Linux version/ { n = 0 } { line[n++] = $0 } END { for (i = 0; i < n; i++) print line[i] }'
+}
+
+# True when the running boot went to emergency mode: sshd is stopped there,
+# so waiting for SSH would only run into the timeout.
+vm__serial_emergency() {
+    vm__serial_this_boot | grep -q 'You are in emergency mode'
+}
+
 # vm__wait_ssh TIMEOUT [OLD_BOOT_ID]: waits until SSH answers (with a
 # boot_id other than OLD_BOOT_ID, if given), and leaves the boot_id in
 # VM__BOOT_ID. Fails early if qemu exits. While waiting for a reboot, logs
@@ -357,6 +369,12 @@ vm__wait_ssh() {
         if ((boots >= 0 && $(vm__serial_boots) > boots)); then
             vm_log "shutdown done, new kernel booting ($(vm__since "$start"))"
             boots=-1
+        fi
+        if vm__serial_emergency; then
+            vm_log "the guest went to emergency mode (no SSH there); this boot's failures on the console:"
+            vm__serial_this_boot | grep -E 'Timed out|Dependency failed|FAILED' |
+                sed 's/^/    | /' >&2 || true
+            return 1
         fi
         if id=$(vm__try_boot_id) && [[ -n $id && $id != "$old" ]]; then
             VM__BOOT_ID=$id
@@ -519,6 +537,51 @@ vm_reboot() {
         return 1
     fi
     vm_log "rebooted in $(vm__since "$start") (boot_id $VM__BOOT_ID)"
+}
+
+# vm_restart [APPEND]: clean poweroff, then qemu again on the same disks
+# (same accelerator and SSH port), with APPEND added to the kernel command
+# line of this boot: a direct kernel boot keeps its command line across a
+# `systemctl reboot`, so a switch typed "at the boot loader" for one boot
+# needs a new qemu. Later vm_reboot calls keep APPEND; `vm_restart` without
+# it goes back to $SV_VM_APPEND alone. Returns when SSH answers with a new
+# boot_id. The previous boots' console is kept in serial.log.N.
+vm_restart() {
+    local append=${1:-} old start i keep=$SV_VM_APPEND rc=0
+    if ! old=$(vm_boot_id) || [[ -z $old ]]; then
+        vm__fail "cannot read boot_id before the restart"
+        return 1
+    fi
+    start=$(vm__now_ms)
+    vm_log "restarting with '${append:-nothing}' added to the kernel command line (boot_id $old)"
+    timeout 30 "${SV_VM_SSH_CMD[@]}" 'systemctl --no-block poweroff' </dev/null >/dev/null 2>&1 || true
+    for ((i = 0; i < SV_VM_STOP_TIMEOUT * 5; i++)); do
+        vm__qemu_alive || break
+        sleep 0.2
+    done
+    if vm__qemu_alive; then
+        vm__fail "no poweroff within ${SV_VM_STOP_TIMEOUT}s before the restart"
+        vm__kill_qemu
+        return 1
+    fi
+    vm__kill_qemu
+    vm_log "powered off in $(vm__since "$start")"
+    for ((i = 1; ; i++)); do
+        [[ -e $SV_VM_RUN/serial.log.$i ]] || break
+    done
+    cp -- "$SV_VM_RUN/serial.log" "$SV_VM_RUN/serial.log.$i" 2>/dev/null || true
+    SV_VM_APPEND="$keep${keep:+ }$append"
+    # The port was ours until qemu exited; a race for it is retried once.
+    vm__launch "$SV_VM_ACCEL_USED" || {
+        vm__kill_qemu
+        SV_VM_PORT=$(vm__free_port) && vm__set_ssh_cmd && vm__launch "$SV_VM_ACCEL_USED"
+    } || rc=1
+    SV_VM_APPEND=$keep
+    if ((rc != 0)) || ! vm__wait_ssh "$SV_VM_REBOOT_TIMEOUT" "$old"; then
+        vm__fail "guest did not come back from the restart within ${SV_VM_REBOOT_TIMEOUT}s"
+        return 1
+    fi
+    vm_log "restarted in $(vm__since "$start") (boot_id $VM__BOOT_ID)"
 }
 
 # vm_qmp JSON: sends one QMP command, e.g. '{"execute":"query-kvm"}', and

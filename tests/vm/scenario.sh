@@ -7,32 +7,50 @@
 # every enabled volume is back exactly once before its fstab consumers. In
 # between: stopping one volume leaves the consumers up, start/check/stop
 # report the device's truth, boot 2 has unknown keys in the registry and
-# boot 3 a config.toml that does not parse; then enable/disable/start/stop
+# sparse_volume.skip= naming two volumes on the kernel command line, boot 3
+# a config.toml that does not parse; then enable/disable/start/stop,
+# the unit states list and status report, remove and a failed start
 # through real systemd, the package's upgrade, removal and purge, and a
-# fresh install with the default config.toml before boot 4. The checks
-# themselves live in guest.sh.
+# fresh install with the default config.toml before boot 4; boot 5 has
+# sparse_volume=off. After every boot `sparse-volume check` must find
+# nothing but what the scenario leaves on purpose. The checks themselves
+# live in guest.sh. Boots 2, 3 and 5 are a poweroff and a new qemu (the
+# switch is on the kernel command line of that boot only), 4 a reboot.
 #
 #   tests/vm/scenario.sh            (root; builds the packages if missing)
 #
-# The .deb is taken from ${CARGO_TARGET_DIR:-target}/packages.
+# The .deb is the newest in ${CARGO_TARGET_DIR:-target}/packages, where
+# packaging/build-packages.sh writes.
 # SV_VM_BREAK=generator removes the generator in the guest before the
-# reboots: the test must then fail (proof that it can).
+# first reboot: the test must then fail there (tests/vm/negative-control.sh
+# checks that it does, and why).
+# SV_VM_QUICK=1 runs only setup, unit-states and the boots with the
+# emergency switches (for work on those steps; not a test run).
 # SV_VM_SOFT=1 logs a failed check and goes on (a phase that fails outright
 # is logged too), then lists every failure and exits 1: for seeing at once
 # everything a build gets wrong.
 set -euo pipefail
+# Where packaging/build-packages.sh writes: cargo's target directory, a
+# relative CARGO_TARGET_DIR taken from where we were started, as cargo does.
+target=${CARGO_TARGET_DIR:-}
+[[ -z $target || $target == /* ]] || target=$PWD/$target
 cd "$(dirname "$0")/../.."
+target=${target:-$PWD/target}
 
 # shellcheck source=tests/vm/lib.sh
 . tests/vm/lib.sh
 trap vm_cleanup EXIT
 
-packages=${CARGO_TARGET_DIR:-target}/packages
-debs=("$packages"/sparse-volume_*_amd64.deb)
-if [[ ! -f ${debs[0]} ]]; then
-    packaging/build-packages.sh
-    debs=("$packages"/sparse-volume_*_amd64.deb)
+packages=$target/packages
+newest_deb() { ls -t "$packages"/sparse-volume_*_amd64.deb 2>/dev/null | head -n 1; }
+deb=$(newest_deb)
+if [[ -z $deb ]]; then
+    CARGO_TARGET_DIR=$target packaging/build-packages.sh
+    deb=$(newest_deb)
 fi
+[[ -n $deb ]] || { vm_log "FAIL: no $packages/sparse-volume_*_amd64.deb after packaging/build-packages.sh"; exit 1; }
+debs=("$deb")
+vm_log "package under test: $deb ($(date -r "$deb" '+built %F %T'))"
 
 soft=${SV_VM_SOFT:-0}
 phase() {
@@ -60,6 +78,18 @@ reboot_checked() {
     exit 1
 }
 
+# restart_checked N WHAT: boot N on a new qemu (a clean poweroff first),
+# with the emergency switch guest.sh prepared for it (/root/boot-switch) on
+# the kernel command line of that boot only; none when there is no file.
+restart_checked() {
+    local boot=$1 what=$2 append
+    append=$(vm_ssh 'cat /root/boot-switch 2>/dev/null || true' </dev/null)
+    vm_ssh 'date +%s >/root/reboot-at' </dev/null
+    vm_restart "$append" && return 0
+    vm_log "FAIL: boot $boot ($what${append:+, kernel command line +\"$append\"}): the guest did not come back (see the serial console above)"
+    exit 1
+}
+
 # The same package with a higher revision, to exercise a real upgrade
 # (maintainer scripts see "configure <old version>") in the guest.
 upgrade_deb() {
@@ -77,22 +107,38 @@ vm_start 1G 1G@4k
 vm_copy_in "${debs[0]}" "$(upgrade_deb)" tests/vm/guest.sh /root/
 vm_ssh "dpkg -i /root/${debs[0]##*/}" </dev/null
 phase setup setup
-reboot_checked 1 "the volumes made at setup"
-phase "verify after reboot 1" verify 1
-phase "consumers of sparse-volumes.target" consumers
-phase "reports tell the device's truth" device-truth
-phase "unknown keys for boot 2" prepare-boot 2
-reboot_checked 2 "unknown keys in config.toml and in a volume file"
-phase "verify after reboot 2" verify 2
-phase "config.toml that does not parse for boot 3" prepare-boot 3
-reboot_checked 3 "a config.toml that does not parse"
-phase "verify after reboot 3" verify 3
-phase "good config.toml again" restore-config
-phase "systemd commands" systemd
-phase "detach by udev link" detach-by-link
-phase "package upgrade, removal, purge, fresh install" package
-reboot_checked 4 "after purge and a fresh install with the default config.toml"
-phase "verify after reboot 4" verify 4
+if [[ ${SV_VM_QUICK:-0} == 1 ]]; then
+    # For work on these steps only: no boot 1, 3 and 4, no package phase.
+    vm_log "SV_VM_QUICK=1: only the unit states and the two emergency-switch boots"
+    phase "unit states, enable, stop, remove through systemd" unit-states
+    phase "unknown keys and sparse_volume.skip= for boot 2" prepare-boot 2
+    restart_checked 2 "unknown keys in config.toml and in a volume file, two volumes skipped"
+    phase "verify after boot 2" verify 2
+    phase "sparse_volume=off for boot 5" prepare-boot 5
+    restart_checked 5 "sparse_volume=off: no volume, the boot still reaches multi-user.target"
+    phase "verify after boot 5" verify 5
+else
+    reboot_checked 1 "the volumes made at setup"
+    phase "verify after reboot 1" verify 1
+    phase "consumers of sparse-volumes.target" consumers
+    phase "reports tell the device's truth" device-truth
+    phase "unknown keys and sparse_volume.skip= for boot 2" prepare-boot 2
+    restart_checked 2 "unknown keys in config.toml and in a volume file, two volumes skipped"
+    phase "verify after boot 2" verify 2
+    phase "config.toml that does not parse for boot 3" prepare-boot 3
+    restart_checked 3 "a config.toml that does not parse, no switch"
+    phase "verify after boot 3" verify 3
+    phase "good config.toml again" restore-config
+    phase "systemd commands" systemd
+    phase "unit states, enable, stop, remove through systemd" unit-states
+    phase "detach by udev link" detach-by-link
+    phase "package upgrade, removal, purge, fresh install" package
+    reboot_checked 4 "after purge and a fresh install with the default config.toml"
+    phase "verify after reboot 4" verify 4
+    phase "sparse_volume=off for boot 5" prepare-boot 5
+    restart_checked 5 "sparse_volume=off: no volume, the boot still reaches multi-user.target"
+    phase "verify after boot 5" verify 5
+fi
 if [[ $soft == 1 ]]; then
     failures=$(
         cat "$SV_VM_RUN/soft-failures" 2>/dev/null || true
@@ -107,4 +153,4 @@ if [[ $soft == 1 ]]; then
     fi
 fi
 vm_stop
-vm_log "VM scenario passed in $(vm__since "$total") (accelerator: $SV_VM_ACCEL_USED)"
+vm_log "VM scenario passed in $(vm__since "$total"), 5 boots after the first (accelerator: $SV_VM_ACCEL_USED)"
