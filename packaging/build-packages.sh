@@ -73,7 +73,10 @@ stage_common() {
         "$root/usr/bin/$NAME" "$root/usr/lib/systemd/system-generators/$NAME-generator"
 
     install -D -m 0644 -t "$root/usr/lib/systemd/system" \
-        "$TOP/units/$NAME@.service" "$TOP/units/sparse-volumes.target"
+        "$TOP/units/$NAME@.service" "$TOP/units/sparse-volumes.target" \
+        "$TOP/units/$NAME-metrics.service" "$TOP/units/$NAME-metrics.timer"
+    install -D -m 0644 "$HERE/prometheus/$NAME-alerts.yml" \
+        "$root/usr/share/$NAME/prometheus-alerts.yml"
 
     install -D -m 0644 "$HERE/config.toml" "$root/etc/$NAME/config.toml"
     install -d -m 0755 "$root/etc/$NAME/volumes.d"

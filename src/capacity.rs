@@ -15,7 +15,7 @@ use nix::sys::statvfs::statvfs;
 use serde::Serialize;
 
 use crate::paths::{SystemRoot, CONFIG_FILE};
-use crate::registry::{Config, Registry, Reserve, Volume};
+use crate::registry::{Config, Registry, Volume};
 use crate::size::format_size;
 use crate::volume_id::VolumeId;
 
@@ -202,10 +202,7 @@ pub fn backing_fs_of<'a>(
 }
 
 fn reserve_bytes(config: &Config, total: u64) -> u64 {
-    match config.reserve {
-        Reserve::Bytes(bytes) => bytes,
-        Reserve::Percent(percent) => ((total as f64) * percent / 100.0) as u64,
-    }
+    config.reserve.bytes_of(total)
 }
 
 /// Fails with the numbers an operator needs when `request` does not fit.
@@ -223,4 +220,80 @@ pub fn ensure_fits(capacity: &Capacity, request: u64, directory: &Path) -> Resul
         capacity.overcommit_ratio,
         CONFIG_FILE,
     )
+}
+
+/// One backing file system as the operator configured it: named by its
+/// storage root, with what its volumes may still grow into and the
+/// `warn_headroom` threshold. `metrics`, `check` and `list` show this.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct StorageRootUsage {
+    /// The storage root (logical path); when several share one file
+    /// system, the first of them in `storage_roots`.
+    pub storage_root: PathBuf,
+    /// The other storage roots on the same file system.
+    pub also: Vec<PathBuf>,
+    /// Free bytes for unprivileged writers (`f_bavail`).
+    pub free: u64,
+    pub total: u64,
+    /// Sum of `size - allocated` of its sparse volumes.
+    pub committed_growth: u64,
+    /// Registered volumes whose backing file is on it.
+    pub volumes: usize,
+    /// `warn_headroom` in bytes for this file system (0 when unset).
+    pub warn_headroom: u64,
+}
+
+impl StorageRootUsage {
+    /// Free space left once every volume has grown to its size; negative
+    /// when the volumes can grow beyond the free space.
+    pub fn headroom(&self) -> i64 {
+        let headroom = i128::from(self.free) - i128::from(self.committed_growth);
+        headroom.clamp(i128::from(i64::MIN), i128::from(i64::MAX)) as i64
+    }
+
+    /// Below the operator's threshold (or below zero when none is set).
+    pub fn under_pressure(&self) -> bool {
+        i128::from(self.headroom()) < i128::from(self.warn_headroom)
+    }
+}
+
+/// The file systems of the configured storage roots that exist, in
+/// `storage_roots` order, each once.
+pub fn storage_root_usage(
+    root: &SystemRoot,
+    config: &Config,
+    volumes: &[Volume],
+) -> Vec<StorageRootUsage> {
+    let mut found: Vec<(u64, StorageRootUsage)> = Vec::new();
+    for storage_root in &config.storage_roots {
+        let host = root.host_path(storage_root);
+        let Ok(device) = std::fs::metadata(&host).map(|m| m.dev()) else {
+            continue;
+        };
+        if let Some((_, usage)) = found.iter_mut().find(|(d, _)| *d == device) {
+            usage.also.push(storage_root.clone());
+            continue;
+        }
+        let Ok((free, total)) = free_and_total(&host) else {
+            continue;
+        };
+        let (committed_growth, _) = growth_on(root, device, volumes);
+        let on_it = volumes
+            .iter()
+            .filter(|v| device_of(&root.host_path(&v.path)).ok() == Some(device))
+            .count();
+        found.push((
+            device,
+            StorageRootUsage {
+                storage_root: storage_root.clone(),
+                also: Vec::new(),
+                free,
+                total,
+                committed_growth,
+                volumes: on_it,
+                warn_headroom: config.warn_headroom.map_or(0, |t| t.bytes_of(total)),
+            },
+        ));
+    }
+    found.into_iter().map(|(_, usage)| usage).collect()
 }

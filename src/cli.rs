@@ -105,8 +105,13 @@ pub enum Command {
     Start { uuid: VolumeId },
     /// Stop the volume's unit (detach it) and wait for the job result.
     Stop { uuid: VolumeId },
-    /// Every volume: size, allocation, loop device, udev link, unit state.
-    List,
+    /// Every volume at a glance: name, mode, size, allocation, device, state.
+    List {
+        /// Every column (UUID, enabled flag, unit state, path), one line per
+        /// volume however long.
+        #[arg(long)]
+        wide: bool,
+    },
     /// One volume in detail (the same fields as `list`).
     Status { uuid: VolumeId },
     /// Audit the registry against files and loop devices.
@@ -115,6 +120,51 @@ pub enum Command {
         #[arg(long)]
         repair: bool,
     },
+    /// Prometheus metrics: every volume and backing file system.
+    Metrics {
+        /// Write DIR/sparse_volume.prom atomically (node_exporter's textfile
+        /// collector) instead of printing; without DIR, the directory named
+        /// by `metrics_textfile_directory` in config.toml.
+        #[arg(long, value_name = "DIR", num_args = 0..=1)]
+        textfile: Option<Option<PathBuf>>,
+    },
+    /// A Kubernetes local PersistentVolume for a registered volume.
+    Pv(PvArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct PvArgs {
+    /// The volume UUID.
+    #[arg(required_unless_present = "all", conflicts_with = "all")]
+    pub uuid: Option<VolumeId>,
+    /// One PersistentVolume per enabled volume.
+    #[arg(long)]
+    pub all: bool,
+    /// `spec.storageClassName`.
+    #[arg(long, default_value = "local-storage")]
+    pub storage_class: String,
+    /// The Kubernetes node name for `nodeAffinity` (default: this host's
+    /// name, as kubelet registers it).
+    #[arg(long)]
+    pub node: Option<String>,
+    /// `spec.persistentVolumeReclaimPolicy`.
+    #[arg(long, value_enum, ignore_case = true, default_value_t = ReclaimArg::Retain)]
+    pub reclaim: ReclaimArg,
+    /// Output format (`--json` means `--output json`).
+    #[arg(long, value_enum, ignore_case = true, default_value_t = ManifestFormat::Yaml)]
+    pub output: ManifestFormat,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum ReclaimArg {
+    Retain,
+    Delete,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum ManifestFormat {
+    Yaml,
+    Json,
 }
 
 #[derive(Debug, Args)]
@@ -223,7 +273,8 @@ impl Command {
             | Command::Stop { uuid }
             | Command::Status { uuid } => Some(uuid),
             Command::Create(args) => args.uuid.as_ref(),
-            Command::Check { .. } | Command::List => None,
+            Command::Pv(args) => args.uuid.as_ref(),
+            Command::Check { .. } | Command::List { .. } | Command::Metrics { .. } => None,
         }
     }
 }

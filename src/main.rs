@@ -2,10 +2,10 @@ use std::process::ExitCode;
 
 use clap::Parser;
 
-use sparse_volume::cli::{Cli, Command, CreateArgs};
+use sparse_volume::cli::{Cli, Command, CreateArgs, ManifestFormat, PvArgs};
 use sparse_volume::logging;
 use sparse_volume::ops::{attach, check, create, detach, register, remove, resize, Report};
-use sparse_volume::ops::{enable, list, start, status};
+use sparse_volume::ops::{enable, list, metrics, pv, start, status};
 use sparse_volume::paths::SystemRoot;
 use sparse_volume::registry::{Entry, Registry};
 use sparse_volume::volume_id::VolumeId;
@@ -87,11 +87,42 @@ fn main() -> ExitCode {
         ),
         Command::Start { uuid } => out.emit(start::start(&root, uuid), &format!("starting {uuid}")),
         Command::Stop { uuid } => out.emit(start::stop(&root, uuid), &format!("stopping {uuid}")),
-        Command::List => out.emit(list::list(&root), "listing volumes"),
+        Command::List { wide } => out.emit(list::list(&root, *wide), "listing volumes"),
         Command::Status { uuid } => out.emit(
             status::status(&root, uuid),
             &format!("reading the status of {uuid}"),
         ),
+        Command::Metrics { textfile: None } => {
+            out.document(metrics::render(&root), "collecting metrics")
+        }
+        Command::Metrics {
+            textfile: Some(directory),
+        } => out.emit(
+            metrics::write_textfile(&root, directory.as_deref()),
+            "writing the metrics textfile",
+        ),
+        Command::Pv(args) => out.document(
+            pv::manifest(&root, &pv_request(args, cli.json)),
+            &args
+                .uuid
+                .map_or("writing PersistentVolumes".to_string(), |u| {
+                    format!("writing the PersistentVolume of {u}")
+                }),
+        ),
+    }
+}
+
+fn pv_request(args: &PvArgs, json: bool) -> pv::PvRequest {
+    pv::PvRequest {
+        uuid: args.uuid,
+        storage_class: args.storage_class.clone(),
+        node: args.node.clone(),
+        reclaim: args.reclaim,
+        format: if json {
+            ManifestFormat::Json
+        } else {
+            args.output
+        },
     }
 }
 
@@ -100,7 +131,11 @@ fn main() -> ExitCode {
 fn needs_root(command: &Command) -> bool {
     !matches!(
         command,
-        Command::List | Command::Status { .. } | Command::Check { repair: false }
+        Command::List { .. }
+            | Command::Status { .. }
+            | Command::Check { repair: false }
+            | Command::Metrics { .. }
+            | Command::Pv(_)
     )
 }
 
@@ -127,7 +162,7 @@ fn registry_warnings(root: &SystemRoot, command: &Command) -> Vec<String> {
     }
     let entries: Vec<Entry> = match command {
         // Unreadable volumes.d is list's own error to report.
-        Command::List => registry.entries().unwrap_or_default(),
+        Command::List { .. } => registry.entries().unwrap_or_default(),
         _ => command
             .uuid()
             .and_then(|id: &VolumeId| registry.entry(id))
@@ -182,6 +217,18 @@ impl Output {
                 }
             }
             // One line: "attaching U: backing file … is a symbolic link".
+            Err(error) => self.fail(&format!("{doing}: {error:#}"), ExitCode::FAILURE),
+        }
+    }
+
+    /// A document another program reads (metrics, manifests): printed as
+    /// it is, whatever `--json` says; failures as usual.
+    fn document(&self, result: anyhow::Result<String>, doing: &str) -> ExitCode {
+        match result {
+            Ok(text) => {
+                print!("{text}");
+                ExitCode::SUCCESS
+            }
             Err(error) => self.fail(&format!("{doing}: {error:#}"), ExitCode::FAILURE),
         }
     }

@@ -184,6 +184,8 @@ fn problems(root: &Path) -> String {
         FS_INSTANCE,
         BLOCK_INSTANCE,
         "sparse-volumes.target",
+        "sparse-volume-metrics.service",
+        "sparse-volume-metrics.timer",
         BACKING_MOUNT,
         DEFAULT_ROOT_MOUNT,
         DATA_MOUNT,

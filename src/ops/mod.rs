@@ -9,6 +9,8 @@ pub mod detach;
 pub mod enable;
 pub mod inspect;
 pub mod list;
+pub mod metrics;
+pub mod pv;
 pub mod register;
 pub mod remove;
 pub mod resize;

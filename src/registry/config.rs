@@ -20,13 +20,34 @@ pub struct Config {
     pub udev_timeout: Duration,
     /// Default for volumes that do not say.
     pub direct_io: bool,
+    /// Below this headroom (free space minus what the volumes on a file
+    /// system may still grow into) `check` and the metrics timer warn;
+    /// `None` warns only once the growth exceeds the free space.
+    pub warn_headroom: Option<Reserve>,
+    /// Where `metrics --textfile` writes without a directory argument:
+    /// node_exporter's textfile collector directory.
+    pub metrics_textfile_directory: PathBuf,
 }
 
-/// Free space kept for the host on a backing file system.
+/// Debian's prometheus-node-exporter reads its textfile collector here.
+pub const DEFAULT_METRICS_TEXTFILE_DIRECTORY: &str = "/var/lib/prometheus/node-exporter";
+
+/// An amount of a backing file system: bytes, or a share of its size
+/// (`reserve`, `warn_headroom`).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Reserve {
     Bytes(u64),
     Percent(f64),
+}
+
+impl Reserve {
+    /// The amount in bytes on a file system of `total` bytes.
+    pub fn bytes_of(&self, total: u64) -> u64 {
+        match *self {
+            Reserve::Bytes(bytes) => bytes,
+            Reserve::Percent(percent) => ((total as f64) * percent / 100.0) as u64,
+        }
+    }
 }
 
 impl Default for Config {
@@ -37,6 +58,8 @@ impl Default for Config {
             reserve: Reserve::Bytes(0),
             udev_timeout: Duration::from_secs(30),
             direct_io: true,
+            warn_headroom: None,
+            metrics_textfile_directory: PathBuf::from(DEFAULT_METRICS_TEXTFILE_DIRECTORY),
         }
     }
 }
@@ -49,6 +72,8 @@ struct ConfigFile {
     reserve: Option<Spanned<toml::Value>>,
     udev_timeout_sec: Option<Spanned<i64>>,
     direct_io: Option<bool>,
+    warn_headroom: Option<Spanned<toml::Value>>,
+    metrics_textfile_directory: Option<Spanned<String>>,
 }
 
 const KNOWN_KEYS: &[&str] = &[
@@ -57,6 +82,8 @@ const KNOWN_KEYS: &[&str] = &[
     "reserve",
     "udev_timeout_sec",
     "direct_io",
+    "warn_headroom",
+    "metrics_textfile_directory",
 ];
 
 /// Longer than any boot should wait for a udev link; also keeps the
@@ -131,8 +158,8 @@ impl Config {
         }
         if let Some(reserve) = raw.reserve {
             let span = reserve.span();
-            config.reserve =
-                parse_reserve(reserve.into_inner()).map_err(|reason| fail(span, reason))?;
+            config.reserve = parse_amount("reserve", reserve.into_inner())
+                .map_err(|reason| fail(span, reason))?;
         }
         if let Some(timeout) = raw.udev_timeout_sec {
             let seconds = *timeout.get_ref();
@@ -152,6 +179,26 @@ impl Config {
         if let Some(direct_io) = raw.direct_io {
             config.direct_io = direct_io;
         }
+        if let Some(threshold) = raw.warn_headroom {
+            let span = threshold.span();
+            config.warn_headroom = Some(
+                parse_amount("warn_headroom", threshold.into_inner())
+                    .map_err(|reason| fail(span, reason))?,
+            );
+        }
+        if let Some(directory) = raw.metrics_textfile_directory {
+            let path = PathBuf::from(directory.get_ref());
+            if !is_normal_absolute(&path) || directory.get_ref().chars().any(char::is_control) {
+                return Err(fail(
+                    directory.span(),
+                    format!(
+                        "metrics_textfile_directory {:?} must be a normalised absolute directory",
+                        directory.get_ref()
+                    ),
+                ));
+            }
+            config.metrics_textfile_directory = path;
+        }
         Ok((config, warnings))
     }
 
@@ -164,31 +211,31 @@ impl Config {
     }
 }
 
-fn parse_reserve(value: toml::Value) -> Result<Reserve, String> {
+fn parse_amount(key: &str, value: toml::Value) -> Result<Reserve, String> {
     match value {
         toml::Value::Integer(bytes) => u64::try_from(bytes)
             .map(Reserve::Bytes)
-            .map_err(|_| format!("reserve {bytes} must not be negative")),
+            .map_err(|_| format!("{key} {bytes} must not be negative")),
         toml::Value::String(text) => {
             if let Some(percent) = text.trim().strip_suffix('%') {
                 let value: f64 = percent
                     .trim()
                     .parse()
-                    .map_err(|_| format!("reserve \"{text}\" is not a percentage"))?;
+                    .map_err(|_| format!("{key} \"{text}\" is not a percentage"))?;
                 if !(0.0..100.0).contains(&value) {
                     return Err(format!(
-                        "reserve \"{text}\" must be at least 0% and below 100%"
+                        "{key} \"{text}\" must be at least 0% and below 100%"
                     ));
                 }
                 Ok(Reserve::Percent(value))
             } else {
                 parse_size(&text)
                     .map(Reserve::Bytes)
-                    .map_err(|e| format!("reserve: {e}"))
+                    .map_err(|e| format!("{key}: {e}"))
             }
         }
         other => Err(format!(
-            "reserve must be a number of bytes or a string such as \"10G\" or \"5%\", not a {}",
+            "{key} must be a number of bytes or a string such as \"10G\" or \"5%\", not a {}",
             other.type_str()
         )),
     }
@@ -221,6 +268,18 @@ mod tests {
         assert_eq!(config.reserve, Reserve::Percent(5.0));
         assert_eq!(config.udev_timeout, Duration::from_secs(7));
         assert!(!config.direct_io);
+        let config =
+            parse("warn_headroom = \"2G\"\nmetrics_textfile_directory = \"/run/textfiles\"\n")
+                .unwrap();
+        assert_eq!(config.warn_headroom, Some(Reserve::Bytes(2 << 30)));
+        assert_eq!(
+            config.metrics_textfile_directory,
+            PathBuf::from("/run/textfiles")
+        );
+        assert_eq!(
+            parse("warn_headroom = \"10%\"").unwrap().warn_headroom,
+            Some(Reserve::Percent(10.0))
+        );
         assert_eq!(
             parse("reserve = \"1G\"").unwrap().reserve,
             Reserve::Bytes(1 << 30)
@@ -271,6 +330,15 @@ mod tests {
                 "between 0 and 3600",
             ),
             ("storage_roots = [\"/srv/a\\nb\"]", "control characters"),
+            (
+                "warn_headroom = -5",
+                "warn_headroom -5 must not be negative",
+            ),
+            ("warn_headroom = \"lots\"", "warn_headroom: "),
+            (
+                "metrics_textfile_directory = \"relative\"",
+                "normalised absolute directory",
+            ),
             ("storage_roots = [\"/srv/\\u0000\"]", "control characters"),
         ] {
             let err = parse(text).unwrap_err();

@@ -41,6 +41,14 @@ pub fn require_root() {
     );
 }
 
+/// The Python of the tests' venv (pinned independent parsers and
+/// validators, tests/python-requirements.txt), which tests/run creates.
+pub fn test_python() -> String {
+    std::env::var("SV_TEST_PYTHON").unwrap_or_else(|_| {
+        panic!("SV_TEST_PYTHON is not set: run the tests through tests/run, which makes the venv of tests/python-requirements.txt")
+    })
+}
+
 pub fn new_uuid() -> String {
     uuid::Uuid::new_v4().hyphenated().to_string()
 }

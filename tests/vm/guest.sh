@@ -15,6 +15,8 @@
 #   guest.sh detach-by-link   detach a partition's parent found by udev link
 #   guest.sh package          upgrade keeps volumes attached; remove and purge
 #                             keep data quietly; a fresh install (boot 4 follows)
+#   guest.sh metrics          the metrics timer under real systemd: textfile,
+#                             one journal warning per warn_headroom crossing
 #
 # Volume UUIDs are chosen at setup and kept in $STATE for later phases.
 # SV_VM_SOFT=1: a failed check is logged (and kept in $SOFT_FAILURES)
@@ -333,6 +335,27 @@ check_findings() {
     log "check after boot $boot: exit 1 naming the corrupt registry file; without it exit $rc, findings: $(grep -o '"kind":"[^"]*"' <<<"$out" | cut -d'"' -f4 | sort | uniq -c | tr -s ' \n' ' ' || true)"
 }
 
+# `pv --all` names one device path per enabled volume, and after this
+# boot each exists and is that volume's device: what kubelet will open.
+pv_paths_exist() {
+    local boot=$1 out err paths path name want=""
+    run_rc out err $CLI pv --all
+    ((rc == 0)) || fail "after boot $boot: pv --all exited $rc: $err"
+    paths=$(grep -o '/dev/disk/by-[a-z]*/[0-9a-f-]*' <<<"$out" | sort)
+    for name in $ENABLED_VOLUMES; do
+        case $name in
+        BLOCK | B4K) want+="/dev/disk/by-partuuid/${!name}"$'\n' ;;
+        *) want+="/dev/disk/by-uuid/${!name}"$'\n' ;;
+        esac
+    done
+    [[ $paths == "$(sort <<<"${want%$'\n'}")" ]] ||
+        fail "after boot $boot: pv --all names $paths, expected one path per enabled volume: $want"
+    for path in $paths; do
+        [[ -b $path ]] || fail "after boot $boot: $path (from pv --all) is not a block device"
+    done
+    log "pv --all after boot $boot: $(grep -c . <<<"$paths") PersistentVolumes, every local.path is a block device"
+}
+
 # The emergency switch of this boot (prepare-boot writes it; scenario.sh
 # puts it on the kernel command line for that boot only), or nothing.
 BOOT_SWITCH=/root/boot-switch
@@ -497,6 +520,7 @@ verify() {
         ;;
     esac
     check_findings "$boot"
+    [[ -n $skipped ]] || pv_paths_exist "$boot"
     log "boot $boot: every enabled volume attached once, links right, consumers mounted, checksums intact"
     echo "--- systemd-analyze blame (volume units)"
     systemd-analyze blame --no-pager | grep -E 'sparse-volume|srv-' || true
@@ -884,7 +908,79 @@ package() {
     log "purge kept registry and data and said so once, without dpkg warnings; fresh install has the default config.toml"
 }
 
+# The value of one sample of the metrics textfile (labels written exactly).
+metric() { sed -n "s/^$1 \(-\{0,1\}[0-9]*\)$/\1/p" "$TEXTFILE"; }
+TEXTFILE=/var/lib/prometheus/node-exporter/sparse_volume.prom
+
+# Completed runs of the metrics service since the journal cursor time $1.
+metrics_runs_since() {
+    journalctl --no-pager -o cat -u sparse-volume-metrics.service --since "@$1" |
+        grep -c '^Finished sparse-volume-metrics.service\|^Finished Sparse volume metrics' || true
+}
+
+# Waits until the metrics service has finished N more runs after time $1.
+wait_metrics_runs() {
+    local since=$1 want=$2 waited=0
+    while (($(metrics_runs_since "$since") < want)); do
+        ((waited++ < 120)) || fail "the metrics timer ran $(metrics_runs_since "$since") times in 60 s after @$since, expected $want (systemctl list-timers: $(systemctl list-timers --no-pager sparse-volume-metrics.timer))"
+        sleep 0.5
+    done
+}
+
+metrics() {
+    # shellcheck disable=SC1090
+    . "$STATE"
+    local root='storage_root="/srv/volumes"' headroom filler=/srv/volumes/other-data start warnings
+    mkdir -p "${TEXTFILE%/*}"
+    # The shipped timer runs every minute; 2 s here so that several runs
+    # fit in the test. Everything else is the package's units as shipped.
+    mkdir -p /run/systemd/system/sparse-volume-metrics.timer.d
+    printf '[Timer]\nOnUnitActiveSec=\nOnUnitActiveSec=2s\nAccuracySec=100ms\n' \
+        >/run/systemd/system/sparse-volume-metrics.timer.d/fast.conf
+    cp "$CONFIG" /root/config.before-metrics
+    echo 'warn_headroom = "600M"' >>"$CONFIG"
+    systemctl daemon-reload
+    systemctl is-enabled --quiet sparse-volume-metrics.timer &&
+        fail "the package enabled the metrics timer (it must be off until the operator enables it)"
+    start=$(date +%s)
+    systemctl enable --now sparse-volume-metrics.timer
+    wait_metrics_runs "$start" 1
+    [[ -s $TEXTFILE ]] || fail "the metrics timer ran but $TEXTFILE is missing"
+    [[ $(metric "sparse_volume_attached{uuid=\"$EXT4\",name=\"consumer\",mode=\"filesystem\"}") == 1 ]] ||
+        fail "the textfile does not show $EXT4 attached: $(grep "$EXT4" "$TEXTFILE" || true)"
+    [[ $(metric "sparse_volume_unit_active{uuid=\"$EXT4\",name=\"consumer\",mode=\"filesystem\"}") == 1 ]] ||
+        fail "the textfile does not show the unit of $EXT4 active (systemd answers under the timer): $(grep "unit_active.*$EXT4\|systemd_up" "$TEXTFILE" || true)"
+    headroom=$(metric "sparse_volume_backing_fs_headroom_bytes{$root}")
+    [[ -n $headroom ]] || fail "no headroom for /srv/volumes in $TEXTFILE: $(grep headroom "$TEXTFILE" || true)"
+    ((headroom > 600 * 1048576)) || fail "harness: /srv/volumes starts with only $headroom bytes of headroom (needs > 600M)"
+    [[ -z $(journalctl --no-pager -o cat -u sparse-volume-metrics.service --since "@$start" | grep 'short of space') ]] ||
+        fail "a warning before any crossing"
+
+    # Another process takes the space until 300 MiB of headroom remain.
+    fallocate -l $((headroom - 300 * 1048576)) "$filler"
+    start=$(date +%s)
+    wait_metrics_runs "$start" 4
+    warnings=$(journalctl --no-pager -o cat -p warning -u sparse-volume-metrics.service --since "@$((start - 1))" | grep 'short of space' || true)
+    [[ $(grep -c . <<<"$warnings") -eq 1 ]] ||
+        fail "expected one journal warning for the crossing over $(metrics_runs_since "$start") runs, got: ${warnings:-none}"
+    [[ $warnings == *"storage root /srv/volumes is short of space"*"bytes) free"* ]] ||
+        fail "the warning does not name the storage root and the numbers: $warnings"
+    headroom=$(metric "sparse_volume_backing_fs_headroom_bytes{$root}")
+    ((headroom < 600 * 1048576)) || fail "the textfile still shows $headroom bytes of headroom after the fill"
+    local out err
+    run_rc out err $CLI check --json
+    grep -q '"kind":"low-headroom"[^}]*"/srv/volumes"' <<<"$out" ||
+        fail "check does not report low-headroom for /srv/volumes: $out"
+    log "metrics timer: $(metrics_runs_since "$start") runs after the crossing, one warning: $warnings"
+
+    systemctl disable --now sparse-volume-metrics.timer
+    rm -f "$filler" /run/systemd/system/sparse-volume-metrics.timer.d/fast.conf
+    cp /root/config.before-metrics "$CONFIG"
+    systemctl daemon-reload
+}
+
 case $phase in
+metrics) metrics ;;
 unit-states) unit_states ;;
 setup) setup ;;
 verify) verify "${2:?boot number}" ;;

@@ -132,6 +132,7 @@ else
     phase "systemd commands" systemd
     phase "unit states, enable, stop, remove through systemd" unit-states
     phase "detach by udev link" detach-by-link
+    phase "metrics timer and space pressure under real systemd" metrics
     phase "package upgrade, removal, purge, fresh install" package
     reboot_checked 4 "after purge and a fresh install with the default config.toml"
     phase "verify after reboot 4" verify 4
