@@ -9,7 +9,8 @@ cd "$(dirname "$0")/.."
 
 cycles=${1:-200}
 cargo build --release --locked -q -p sparse-volume
-cli=$PWD/target/release/sparse-volume
+# Where cargo put it (CARGO_TARGET_DIR, relative to here as for cargo).
+cli=$(realpath -m "${CARGO_TARGET_DIR:-target}")/release/sparse-volume
 
 root=$(mktemp -d)
 trap 'losetup -j "$root/var/lib/sparse-volume/$uuid" -O NAME -n | xargs -r -n1 losetup -d; rm -rf "$root"' EXIT

@@ -9,7 +9,8 @@ cd "$(dirname "$0")/.."
 volumes=${1:-100}
 runs=${2:-200}
 cargo build --release --locked -q -p sparse-volume-generator
-ours=$PWD/target/release/sparse-volume-generator
+# Where cargo put it (CARGO_TARGET_DIR, relative to here as for cargo).
+ours=$(realpath -m "${CARGO_TARGET_DIR:-target}")/release/sparse-volume-generator
 theirs=$(command -v systemd-fstab-generator || echo /lib/systemd/system-generators/systemd-fstab-generator)
 [ -x "$theirs" ] || { echo "systemd-fstab-generator not found (package systemd)" >&2; exit 1; }
 

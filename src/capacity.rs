@@ -255,6 +255,27 @@ impl StorageRootUsage {
     pub fn under_pressure(&self) -> bool {
         i128::from(self.headroom()) < i128::from(self.warn_headroom)
     }
+
+    /// One sentence with the numbers an operator acts on (`check`'s
+    /// finding and the metrics timer's journal line).
+    pub fn pressure_message(&self) -> String {
+        let headroom = self.headroom();
+        let left = if headroom < 0 {
+            format!("{} short", format_size(headroom.unsigned_abs()))
+        } else {
+            format!("{} left", format_size(headroom.unsigned_abs()))
+        };
+        format!(
+            "storage root {} is short of space: {} ({} bytes) free, its volumes may still grow by {} ({} bytes), {} once they do (warn_headroom {})",
+            self.storage_root.display(),
+            format_size(self.free),
+            self.free,
+            format_size(self.committed_growth),
+            self.committed_growth,
+            left,
+            format_size(self.warn_headroom)
+        )
+    }
 }
 
 /// The file systems of the configured storage roots that exist, in

@@ -443,20 +443,7 @@ fn a_config_that_does_not_validate_is_reported_with_file_and_line() {
 
 /// `check --json` as an unprivileged user.
 fn check_as_nobody(fx: &Fixture) -> (Run, Value) {
-    let output = Command::new("setpriv")
-        .args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"])
-        .arg(env!("CARGO_BIN_EXE_sparse-volume"))
-        .args(["check", "--json"])
-        .env("SPARSE_VOLUME_ROOT", fx.root.path())
-        .env("DBUS_SYSTEM_BUS_ADDRESS", fx.absent_bus())
-        .env_remove("JOURNAL_STREAM")
-        .output()
-        .expect("running setpriv");
-    let run = Run {
-        code: output.status.code().unwrap_or(-1),
-        stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
-        stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
-    };
+    let run = fx.run_as_nobody(&["check", "--json"]);
     let report = run.json();
     (run, report)
 }

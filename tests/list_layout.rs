@@ -6,7 +6,6 @@ mod common;
 
 use std::collections::BTreeSet;
 use std::fs;
-use std::os::unix::fs::PermissionsExt;
 use std::path::PathBuf;
 use std::process::Command;
 
@@ -364,24 +363,6 @@ fn json_keys_are_kept() {
     assert_eq!(listed["volumes"][0]["name"], "db");
 }
 
-/// The CLI as an unprivileged user, without a bus.
-fn run_as_nobody(fx: &Fixture, args: &[&str]) -> Run {
-    let output = Command::new("setpriv")
-        .args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"])
-        .arg(env!("CARGO_BIN_EXE_sparse-volume"))
-        .args(args)
-        .env("SPARSE_VOLUME_ROOT", fx.root.path())
-        .env("DBUS_SYSTEM_BUS_ADDRESS", fx.absent_bus())
-        .env_remove("JOURNAL_STREAM")
-        .output()
-        .expect("running setpriv");
-    Run {
-        code: output.status.code().unwrap_or(-1),
-        stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
-        stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
-    }
-}
-
 #[test]
 fn a_warning_is_said_once_not_once_per_volume() {
     let fx = Fixture::new();
@@ -392,18 +373,8 @@ fn a_warning_is_said_once_not_once_per_volume() {
         fx.sparse_file_of(&fx.backing(id), 1 << 30);
         fx.register(id, "filesystem", "");
     }
-    for dir in [
-        "",
-        "/etc",
-        "/etc/sparse-volume",
-        "/etc/sparse-volume/volumes.d",
-        "/var",
-        "/var/lib",
-        "/var/lib/sparse-volume",
-    ] {
-        fs::set_permissions(fx.host(dir), fs::Permissions::from_mode(0o755)).unwrap();
-    }
-    let run = run_as_nobody(&fx, &["list"]);
+    fx.open_directories_to_everyone();
+    let run = fx.run_as_nobody(&["list"]);
     assert_eq!(run.code, 0, "{}", run.stderr);
     let said: Vec<String> = run
         .stderr

@@ -12,7 +12,10 @@ use serde::Serialize;
 
 use super::Report;
 
+mod last_check;
 mod preallocation;
+
+pub use last_check::LastCheck;
 
 use super::activate::bring_up_now;
 use super::detach::{detach_device, recovery_hint};
@@ -273,69 +276,6 @@ pub fn check(root: &SystemRoot, repair: bool) -> Result<CheckReport> {
     };
     LastCheck::of(&report).record(root);
     Ok(report)
-}
-
-/// Where `check` leaves a summary of its findings for `metrics`.
-const LAST_CHECK_FILE: &str = "last-check.json";
-
-/// What the last `check` found, by kind: `metrics` exposes it, so an
-/// alert can fire on findings without running an audit every scrape.
-#[derive(Debug, Serialize, serde::Deserialize)]
-pub struct LastCheck {
-    /// Unix time the check finished.
-    pub finished: u64,
-    pub counts: Vec<FindingCount>,
-}
-
-#[derive(Debug, Serialize, serde::Deserialize)]
-pub struct FindingCount {
-    pub kind: String,
-    pub severity: String,
-    pub count: u64,
-}
-
-impl LastCheck {
-    fn of(report: &CheckReport) -> Self {
-        let mut counts: Vec<FindingCount> = Vec::new();
-        for finding in report.findings.iter().filter(|f| !f.repaired) {
-            match counts
-                .iter_mut()
-                .find(|c| c.kind == finding.kind && c.severity == finding.severity)
-            {
-                Some(count) => count.count += 1,
-                None => counts.push(FindingCount {
-                    kind: finding.kind.to_string(),
-                    severity: finding.severity.to_string(),
-                    count: 1,
-                }),
-            }
-        }
-        counts.sort_by(|a, b| (&a.kind, &a.severity).cmp(&(&b.kind, &b.severity)));
-        let finished = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_secs());
-        Self { finished, counts }
-    }
-
-    /// Best effort: a check by a user who cannot write the run directory
-    /// still reports; metrics then show the previous summary.
-    fn record(&self, root: &SystemRoot) {
-        let file = root.run_dir().join(LAST_CHECK_FILE);
-        let written = serde_json::to_vec(self)
-            .map_err(anyhow::Error::from)
-            .and_then(|bytes| {
-                fs::create_dir_all(root.run_dir())?;
-                crate::fsutil::write_atomically(&file, &bytes, 0o644)
-            });
-        if let Err(e) = written {
-            tracing::debug!("not recording this check for metrics: {e:#}");
-        }
-    }
-
-    pub fn read(root: &SystemRoot) -> Option<Self> {
-        let bytes = fs::read(root.run_dir().join(LAST_CHECK_FILE)).ok()?;
-        serde_json::from_slice(&bytes).ok()
-    }
 }
 
 /// A registry directory anyone but root can change: one finding for all
@@ -774,11 +714,7 @@ fn low_headroom(audit: &mut Audit, registry: &Registry, volumes: &[Volume]) {
     for usage in capacity::storage_root_usage(audit.root, registry.config(), volumes) {
         if usage.under_pressure() && usage.headroom() >= 0 {
             let path = usage.storage_root.clone();
-            audit.warn(
-                "low-headroom",
-                Some(&path),
-                super::metrics::pressure_message(&usage),
-            );
+            audit.warn("low-headroom", Some(&path), usage.pressure_message());
         }
     }
 }

@@ -22,7 +22,6 @@ use crate::capacity::StorageRootUsage;
 use crate::fsutil::{write_atomically, ExclusiveLock};
 use crate::paths::SystemRoot;
 use crate::registry::Registry;
-use crate::size::format_size;
 
 /// The file node_exporter's textfile collector reads (it reads `*.prom`;
 /// the temporary of an atomic write ends in `.tmp`, so it is never read).
@@ -112,7 +111,7 @@ fn log_pressure_crossings(root: &SystemRoot, usages: &[StorageRootUsage]) -> Vec
         .collect();
     for usage in &now {
         if !before.contains(&usage.storage_root) {
-            tracing::warn!("{}", pressure_message(usage));
+            tracing::warn!("{}", usage.pressure_message());
         }
     }
     for storage_root in &before {
@@ -131,26 +130,6 @@ fn log_pressure_crossings(root: &SystemRoot, usages: &[StorageRootUsage]) -> Vec
         tracing::debug!("cannot remember space pressure: {e:#}");
     }
     now.iter().map(|u| u.storage_root.clone()).collect()
-}
-
-/// One sentence with the numbers an operator acts on; also `check`'s.
-pub fn pressure_message(usage: &StorageRootUsage) -> String {
-    let headroom = usage.headroom();
-    let left = if headroom < 0 {
-        format!("{} short", format_size(headroom.unsigned_abs()))
-    } else {
-        format!("{} left", format_size(headroom.unsigned_abs()))
-    };
-    format!(
-        "storage root {} is short of space: {} ({} bytes) free, its volumes may still grow by {} ({} bytes), {} once they do (warn_headroom {})",
-        usage.storage_root.display(),
-        format_size(usage.free),
-        usage.free,
-        format_size(usage.committed_growth),
-        usage.committed_growth,
-        left,
-        format_size(usage.warn_headroom)
-    )
 }
 
 /// Prometheus text format 0.0.4: `# HELP`/`# TYPE` once per metric, then

@@ -192,6 +192,40 @@ impl Fixture {
         }
     }
 
+    /// The CLI as an unprivileged user (nobody), without a bus.
+    pub fn run_as_nobody(&self, args: &[&str]) -> Run {
+        let output = Command::new("setpriv")
+            .args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"])
+            .arg(env!("CARGO_BIN_EXE_sparse-volume"))
+            .args(args)
+            .env("SPARSE_VOLUME_ROOT", self.root.path())
+            .env("DBUS_SYSTEM_BUS_ADDRESS", self.absent_bus())
+            .env_remove("JOURNAL_STREAM")
+            .output()
+            .expect("running setpriv");
+        Run {
+            code: output.status.code().unwrap_or(-1),
+            stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
+            stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
+        }
+    }
+
+    /// Makes the fixture's directories readable by everyone, like /etc and
+    /// /var/lib are on a real system (the data files stay 0600).
+    pub fn open_directories_to_everyone(&self) {
+        for dir in [
+            "",
+            "/etc",
+            "/etc/sparse-volume",
+            "/etc/sparse-volume/volumes.d",
+            "/var",
+            "/var/lib",
+            "/var/lib/sparse-volume",
+        ] {
+            fs::set_permissions(self.host(dir), fs::Permissions::from_mode(0o755)).unwrap();
+        }
+    }
+
     pub fn run_ok(&self, args: &[&str]) -> Run {
         let run = self.run(args);
         assert_eq!(run.code, 0, "sparse-volume {args:?} failed: {}", run.stderr);
