@@ -1,6 +1,10 @@
 //! Binding a backing file to a free loop device, in systemd's order:
 //! lock `/dev/loop-control`, take a free device, lock the device, configure
 //! it, verify what the kernel really did, and only then let udev see it.
+//! Unlike systemd's, a block volume's partition must appear exactly once,
+//! as consumers start on it at boot: the device is configured through a
+//! descriptor whose close udev does not watch (see `unwatched`), and its
+//! partitions are scanned in a single step (`scan_partitions_once`).
 
 use std::fs::File;
 use std::os::unix::fs::MetadataExt;
@@ -79,7 +83,7 @@ pub fn bind_to_free_device(backing: &File, options: &BindOptions) -> Result<Boun
         }
         let control = LockedControl::acquire()?;
         let number = control.get_free()?;
-        let device = LoopDevice::open(number, !options.read_only)?.lock()?;
+        let device = LockedLoopDevice::claim(number, !options.read_only)?;
         // Someone bound it between GET_FREE and our lock: ask again.
         if matches!(device.status(), Ok(Some(_))) {
             drop(device);
@@ -112,6 +116,10 @@ pub fn bind_to_free_device(backing: &File, options: &BindOptions) -> Result<Boun
                         LoopDevice::path_of(number).display()
                     )),
                 }
+                warnings.extend(device.writer_warning());
+                if !options.partition_scan {
+                    warnings.extend(announce(number));
+                }
                 return Ok(Bound {
                     number,
                     status,
@@ -141,20 +149,26 @@ fn configure(
     options: &BindOptions,
 ) -> Result<bool, Errno> {
     let block_size = options.block_size;
-    let first = configure_once(device, backing, options.info(options.direct_io), block_size);
+    // Bound with partition scanning off: `scan_partitions_once` turns it on.
+    let info = |direct_io| {
+        let mut info = options.info(direct_io);
+        info.lo_flags &= !LO_FLAGS_PARTSCAN;
+        info
+    };
+    let first = configure_once(device, backing, info(options.direct_io), block_size);
     let result = match first {
         // Some kernels refuse direct I/O outright when the backing file
         // system cannot do it; buffered I/O still works.
         Err(Errno::EINVAL) if options.direct_io => {
-            configure_once(device, backing, options.info(false), block_size)
+            configure_once(device, backing, info(false), block_size)
         }
         other => other,
     };
-    match result {
-        Ok(()) => Ok(false),
+    let legacy_ioctls = match result {
+        Ok(()) => false,
         // Kernels before 5.8 do not know LOOP_CONFIGURE.
         Err(Errno::EINVAL | Errno::ENOTTY) => {
-            device.set_fd_then_status(backing, &options.info(false), block_size)?;
+            device.set_fd_then_status(backing, &info(false), block_size)?;
             // Direct I/O is switched on separately there, and is only a
             // preference: buffered I/O still works where it is refused.
             if options.direct_io && device.set_direct_io(true).is_err() {
@@ -163,9 +177,68 @@ fn configure(
                     device.path().display()
                 );
             }
-            Ok(true)
+            true
         }
-        Err(errno) => Err(errno),
+        Err(errno) => return Err(errno),
+    };
+    if options.partition_scan {
+        scan_partitions_once(device);
+    }
+    Ok(legacy_ioctls)
+}
+
+/// Sends udev a "change" event for the device, as the kernel itself does
+/// only since "loop: properly send KOBJ_CHANGED uevent for disk device"
+/// (6.15, and stable backports): before it, a bind without partitions
+/// sends no uevent at all, and the close of a writable descriptor (udev's
+/// inotify watch) used to stand in for one. Without an event udev never
+/// makes the `/dev/disk/by-uuid` link. Sent under the device's lock: udev
+/// handles it once we let go. Returns a warning when it cannot be sent.
+fn announce(number: u32) -> Option<String> {
+    let uevent = format!("/sys/block/loop{number}/uevent");
+    match std::fs::write(&uevent, "change") {
+        Ok(()) => None,
+        Err(e) => Some(format!(
+            "cannot tell udev about {} ({uevent}: {e}); on kernels that send no event of their own its link may not appear",
+            LoopDevice::path_of(number).display()
+        )),
+    }
+}
+
+/// Turns partition scanning on so that the kernel adds the partitions
+/// exactly once; `verify` checks that it is on.
+///
+/// Binding leaves a partition scan pending (`disk_force_media_change`
+/// sets `GD_NEED_PART_SCAN`), which the next open of the whole device
+/// runs. Were scanning on while bound, an open racing the bind's own scan
+/// (udev's worker opens `/dev/loopN` to try our lock as soon as the bind's
+/// uevent arrives) would add the partitions, and the bind's scan would
+/// remove and add them again, under a consumer already started on the
+/// first ones. So the pending scan runs in an open of ours while scanning
+/// is still off, where it finds nothing; turning scanning on then scans
+/// once, and later opens find nothing pending. (Where a bind leaves no
+/// scan pending, as on Linux 7.1, this costs one open.)
+fn scan_partitions_once(device: &LockedLoopDevice) {
+    if let Err(error) = LoopDevice::open(device.number(), false) {
+        tracing::debug!("{error:#}");
+    }
+    let mut info = match device.raw_status() {
+        Ok(info) => info,
+        Err(errno) => {
+            tracing::debug!("reading the status of {}: {errno}", device.path().display());
+            return;
+        }
+    };
+    // As a kernel would that ignores the flag: `verify` then sets it.
+    if faultpoint::fails(faultpoint::FLAGS_IGNORED) {
+        return;
+    }
+    info.lo_flags |= LO_FLAGS_PARTSCAN;
+    if let Err(errno) = device.set_status(&info) {
+        tracing::debug!(
+            "turning partition scanning on for {}: {errno}",
+            device.path().display()
+        );
     }
 }
 

@@ -1,7 +1,7 @@
 //! Safe handles on `/dev/loop-control` and `/dev/loopN`.
 
 use std::fs::{File, OpenOptions};
-use std::os::fd::AsFd;
+use std::os::fd::{AsFd, BorrowedFd};
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
@@ -10,6 +10,7 @@ use nix::errno::Errno;
 use nix::fcntl::{Flock, FlockArg};
 
 use super::sys::{self, LoopInfo64};
+use super::unwatched;
 
 pub const LOOP_CONTROL: &str = "/dev/loop-control";
 
@@ -99,12 +100,13 @@ impl LoopDevice {
 
     /// Opens with `O_EXCL`: the kernel refuses (`EBUSY`) while a file
     /// system, device mapper or another exclusive opener holds the device
-    /// or one of its partitions.
+    /// or one of its partitions. Read-only: `LOOP_CLR_FD` needs no writer,
+    /// and a writer's close would make udev re-read the partition table
+    /// (see `unwatched`), possibly of the next volume bound to this number.
     pub fn open_exclusive(number: u32) -> Result<Self, Errno> {
         let path = Self::path_of(number);
         let file = OpenOptions::new()
             .read(true)
-            .write(true)
             .custom_flags(libc::O_CLOEXEC | libc::O_EXCL)
             .open(&path)
             .map_err(|e| Errno::from_raw(e.raw_os_error().unwrap_or(libc::EIO)))?;
@@ -174,20 +176,72 @@ impl LoopDevice {
     /// locked, so it does not probe one we are still configuring.
     pub fn lock(self) -> Result<LockedLoopDevice> {
         let number = self.number;
-        let file = Flock::lock(self.file, FlockArg::LockExclusive)
+        let lock = Flock::lock(self.file, FlockArg::LockExclusive)
             .map_err(|(_, errno)| errno)
             .with_context(|| format!("locking {}", Self::path_of(number).display()))?;
-        Ok(LockedLoopDevice { number, file })
+        Ok(LockedLoopDevice {
+            number,
+            writer: None,
+            writer_warning: None,
+            lock,
+        })
     }
 }
 
 /// A loop device held under its BSD lock for as long as the value lives.
 pub struct LockedLoopDevice {
     number: u32,
-    file: Flock<File>,
+    /// The descriptor for the ioctls when binding a writable device (the
+    /// kernel makes a device bound through a read-only descriptor
+    /// read-only), opened through a private node: see `unwatched`.
+    /// Declared before `lock`, so it is closed while the lock is held.
+    writer: Option<File>,
+    /// Why the writer is `/dev/loopN` itself rather than a private node.
+    writer_warning: Option<String>,
+    /// `/dev/loopN` itself, which is where udev takes its lock too (a BSD
+    /// lock belongs to the inode that was opened).
+    lock: Flock<File>,
 }
 
 impl LockedLoopDevice {
+    /// Locks `/dev/loopN` through a read-only descriptor and, when
+    /// `writable`, opens the device for writing without udev watching
+    /// that descriptor's close. Binding through it makes the partition
+    /// appear exactly once.
+    pub fn claim(number: u32, writable: bool) -> Result<Self> {
+        let mut device = LoopDevice::open(number, false)?.lock()?;
+        if writable {
+            let writer = match unwatched::open_read_write(&device.lock) {
+                Ok(file) => file,
+                // No CAP_MKNOD (a container) or no writable /dev: the
+                // watched node still works, at the price of udev
+                // re-reading the partition table once after we close it.
+                Err(error) => {
+                    device.writer_warning = Some(format!(
+                        "{error:#}; bound through {} instead, whose partitions udev may then scan a second time, under a consumer that already started",
+                        device.path().display()
+                    ));
+                    LoopDevice::open(number, true)?.file
+                }
+            };
+            device.writer = Some(writer);
+        }
+        Ok(device)
+    }
+
+    /// Set when a writable bind could not avoid udev's watch (see `claim`).
+    pub fn writer_warning(&self) -> Option<String> {
+        self.writer_warning.clone()
+    }
+
+    /// The descriptor the ioctls go through.
+    fn fd(&self) -> BorrowedFd<'_> {
+        match &self.writer {
+            Some(writer) => writer.as_fd(),
+            None => self.lock.as_fd(),
+        }
+    }
+
     pub fn number(&self) -> u32 {
         self.number
     }
@@ -197,7 +251,7 @@ impl LockedLoopDevice {
     }
 
     pub fn status(&self) -> Result<Option<LoopStatus>, Errno> {
-        match sys::get_status(self.file.as_fd()) {
+        match sys::get_status(self.fd()) {
             Ok(info) => Ok(Some(info.into())),
             Err(Errno::ENXIO) => Ok(None),
             Err(e) => Err(e),
@@ -211,7 +265,7 @@ impl LockedLoopDevice {
         block_size: u32,
     ) -> Result<(), Errno> {
         sys::configure(
-            self.file.as_fd(),
+            self.fd(),
             &sys::LoopConfig::new(backing.as_fd(), info, block_size),
         )
     }
@@ -224,7 +278,7 @@ impl LockedLoopDevice {
         info: &LoopInfo64,
         block_size: u32,
     ) -> Result<(), Errno> {
-        let fd = self.file.as_fd();
+        let fd = self.fd();
         sys::set_fd(fd, backing.as_fd())?;
         sys::set_status(fd, info)
             .and_then(|()| match sys::logical_block_size(fd) {
@@ -240,23 +294,23 @@ impl LockedLoopDevice {
     }
 
     pub fn logical_block_size(&self) -> Result<u32, Errno> {
-        sys::logical_block_size(self.file.as_fd())
+        sys::logical_block_size(self.fd())
     }
 
     pub fn set_direct_io(&self, on: bool) -> Result<(), Errno> {
-        sys::set_direct_io(self.file.as_fd(), on)
+        sys::set_direct_io(self.fd(), on)
     }
 
     pub fn set_status(&self, info: &LoopInfo64) -> Result<(), Errno> {
-        sys::set_status(self.file.as_fd(), info)
+        sys::set_status(self.fd(), info)
     }
 
     pub fn raw_status(&self) -> Result<LoopInfo64, Errno> {
-        sys::get_status(self.file.as_fd())
+        sys::get_status(self.fd())
     }
 
     pub fn clear(&self) -> Result<(), Errno> {
-        sys::clear_fd(self.file.as_fd())
+        sys::clear_fd(self.fd())
     }
 }
 

@@ -5,6 +5,7 @@ mod allocate;
 mod device;
 mod discard;
 pub mod sys;
+mod unwatched;
 
 pub use allocate::{
     bind_to_free_device, cancel_pending_detach, uses_direct_io, BindOptions, Bound,

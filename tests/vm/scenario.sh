@@ -104,7 +104,7 @@ upgrade_deb() {
 total=$(vm__now_ms)
 # data1: the second storage root; data2: the 4K-sector storage root.
 vm_start 1G 1G@4k
-vm_copy_in "${debs[0]}" "$(upgrade_deb)" tests/vm/guest.sh /root/
+vm_copy_in "${debs[0]}" "$(upgrade_deb)" tests/vm/guest.sh tests/vm/partition-once.sh /root/
 vm_ssh "dpkg -i /root/${debs[0]##*/}" </dev/null
 phase setup setup
 if [[ ${SV_VM_QUICK:-0} == 1 ]]; then
@@ -118,6 +118,7 @@ if [[ ${SV_VM_QUICK:-0} == 1 ]]; then
     restart_checked 5 "sparse_volume=off: no volume, the boot still reaches multi-user.target"
     phase "verify after boot 5" verify 5
 else
+    phase "a block volume's partition appears once per attach" partition-once
     reboot_checked 1 "the volumes made at setup"
     phase "verify after reboot 1" verify 1
     phase "consumers of sparse-volumes.target" consumers
