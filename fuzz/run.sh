@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds every fuzz target and runs each for SECONDS (default 60), one at
 # a time, starting from the committed seeds in fuzz/corpus/<target>/.
-# What a run adds goes to fuzz/work/<target>/ (kept between runs, never
+# What a run adds goes to fuzz/grown/<target>/ (kept between runs, never
 # committed); a crash leaves its reproducer in fuzz/artifacts/<target>/.
 # Exits non-zero if any target found anything.
 #
@@ -30,20 +30,20 @@ cargo fuzz build "${build_flags[@]}" </dev/null
 failed=0
 printf '%-12s %12s %8s %9s\n' target executions corpus findings
 for target in $(cargo fuzz list); do
-    work=work/$target
+    grown=grown/$target
     artifacts=artifacts/$target
-    mkdir -p "$work" corpus/"$target"
+    mkdir -p "$grown" corpus/"$target"
     # A previous run's reproducers were reported then; count this run's.
     rm -rf "$artifacts"
     mkdir -p "$artifacts"
     log=$(mktemp)
     status=0
-    cargo fuzz run "${build_flags[@]}" "$target" "$work" corpus/"$target" -- \
+    cargo fuzz run "${build_flags[@]}" "$target" "$grown" corpus/"$target" -- \
         -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 \
         -print_final_stats=1 -artifact_prefix="$artifacts/" \
         </dev/null >"$log" 2>&1 || status=$?
     executions=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" | tail -n 1)
-    corpus=$(find "$work" corpus/"$target" -type f | wc -l)
+    corpus=$(find "$grown" corpus/"$target" -type f | wc -l)
     findings=$(find "$artifacts" -type f | wc -l)
     printf '%-12s %12s %8s %9s\n' "$target" "${executions:-?}" "$corpus" "$findings"
     if [[ $status -ne 0 || $findings -ne 0 ]]; then
