@@ -23,7 +23,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Barrier, Mutex};
 use std::time::{Duration, Instant};
 
-use common::{tool, Fixture, Run};
+use common::{ext4_bytes, tool, Fixture, Rng};
 use stub_systemd::{PrivateBus, StubSystemd};
 
 const WORKERS: usize = 32;
@@ -39,23 +39,6 @@ const UUIDS: [&str; 6] = [
     "c0ffee00-0000-4000-8000-000000000006",
 ];
 const NO_BUS: &str = "unix:path=/nonexistent";
-
-/// splitmix64: tiny, seedable, good enough to pick operations.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-}
 
 fn seed() -> u64 {
     match std::env::var("SV_SEED") {
@@ -222,20 +205,6 @@ impl World {
     }
 }
 
-/// Runs the CLI with an unreachable system bus: never the host's.
-fn run_quiet(fx: &Fixture, args: &[&str]) -> Run {
-    let output = fx
-        .command(args)
-        .env("DBUS_SYSTEM_BUS_ADDRESS", NO_BUS)
-        .output()
-        .expect("running sparse-volume");
-    Run {
-        code: output.status.code().unwrap_or(-1),
-        stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
-        stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
-    }
-}
-
 /// `losetup -J` (util-linux): device → backing file, for files under `dir`.
 fn loop_devices_under(dir: &str) -> Vec<(String, String)> {
     let text = tool("losetup", &["-J", "-l", "-O", "NAME,BACK-FILE"]);
@@ -304,19 +273,6 @@ fn blkid_value(path: &str, key: &str) -> String {
         .to_string()
 }
 
-fn ext4_bytes(path: &str) -> u64 {
-    let text = tool("dumpe2fs", &["-h", path]);
-    let field = |name: &str| -> u64 {
-        text.lines()
-            .find_map(|l| l.strip_prefix(name))
-            .unwrap_or_else(|| panic!("dumpe2fs shows no {name}"))
-            .trim()
-            .parse()
-            .expect("a number")
-    };
-    field("Block count:") * field("Block size:")
-}
-
 /// The state after a round, when nothing runs: read from the TOML files,
 /// the storage root, `losetup`, `blkid` and `dumpe2fs`. Inconsistencies
 /// go to `problems` (a panic here would leave the workers at the barrier).
@@ -366,7 +322,7 @@ fn snapshot(fx: &Fixture, storage_text: &str, problems: &mut Vec<String>) -> Sna
         if found != *uuid || kind != "ext4" {
             problems.push(format!("{uuid}: the file holds {kind} {found}"));
         }
-        let applied = ext4_bytes(path_text);
+        let applied = ext4_bytes(std::path::Path::new(path_text));
         if applied != record.size {
             problems.push(format!(
                 "{uuid}: the file system has {applied} bytes, the registry records {}",
@@ -640,7 +596,7 @@ fn overlapping_operations_by_32_processes_leave_a_consistent_state() {
             String::from_utf8_lossy(&fsck.stdout)
         );
     }
-    let list = run_quiet(fx, &["list", "--json"]);
+    let list = fx.run(&["list", "--json"]);
     assert_eq!(list.code, 0, "list: {}", list.stderr);
     let listed: BTreeMap<String, u64> = list.json()["volumes"]
         .as_array()
@@ -662,7 +618,7 @@ fn overlapping_operations_by_32_processes_leave_a_consistent_state() {
         listed, recorded,
         "list --json disagrees with the registry files"
     );
-    let check = run_quiet(fx, &["check", "--json"]);
+    let check = fx.run(&["check", "--json"]);
     let mut reported: BTreeSet<String> = BTreeSet::new();
     for finding in check.json()["findings"].as_array().expect("findings") {
         assert_eq!(
@@ -692,7 +648,7 @@ fn overlapping_operations_by_32_processes_leave_a_consistent_state() {
         failures.join("\n")
     );
     for uuid in state.records.keys() {
-        let detached = run_quiet(fx, &["detach", uuid]);
+        let detached = fx.run(&["detach", uuid]);
         assert_eq!(detached.code, 0, "detach {uuid}: {}", detached.stderr);
     }
     drop(world);

@@ -23,7 +23,7 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{loops_of, new_uuid, tool, Fixture, Run};
+use common::{ext4_bytes, loops_of, new_uuid, tool, Fixture, Rng, Run};
 use stub_systemd::{PrivateBus, StubSystemd};
 
 const MIB: u64 = 1 << 20;
@@ -33,23 +33,6 @@ const DEFAULT_TRIALS: usize = 300;
 const MAX_SIZE: u64 = 120 * MIB;
 /// Trial volumes besides the data volume; more get removed first.
 const POOL: usize = 3;
-
-/// splitmix64: tiny, seedable, good enough to pick operations and delays.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-}
 
 fn env_number(name: &str) -> Option<u64> {
     std::env::var(name).ok().map(|text| {
@@ -147,19 +130,6 @@ fn registry(fx: &Fixture) -> BTreeMap<String, Record> {
         );
     }
     records
-}
-
-fn ext4_bytes(path: &Path) -> u64 {
-    let text = tool("dumpe2fs", &["-h", path.to_str().expect("UTF-8 path")]);
-    let field = |name: &str| -> u64 {
-        text.lines()
-            .find_map(|l| l.strip_prefix(name))
-            .unwrap_or_else(|| panic!("dumpe2fs shows no {name}"))
-            .trim()
-            .parse()
-            .expect("a number")
-    };
-    field("Block count:") * field("Block size:")
 }
 
 fn blkid_uuid(path: &Path) -> String {

@@ -15,7 +15,7 @@ use std::os::unix::process::ExitStatusExt;
 use std::path::Path;
 use std::process::Command;
 
-use common::{loops_of, new_uuid, tool, Fixture, Run};
+use common::{ext4_bytes, loops_of, new_uuid, tool, Fixture, Run};
 
 const MIB: u64 = 1 << 20;
 const NO_BUS: &str = "unix:path=/nonexistent";
@@ -60,21 +60,8 @@ fn points_in_sources() -> BTreeSet<String> {
     found
 }
 
-fn run(fx: &Fixture, args: &[&str]) -> Run {
-    let output = fx
-        .command(args)
-        .env("DBUS_SYSTEM_BUS_ADDRESS", NO_BUS)
-        .output()
-        .expect("running sparse-volume");
-    Run {
-        code: output.status.code().unwrap_or(-1),
-        stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
-        stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
-    }
-}
-
 fn run_ok(fx: &Fixture, args: &[&str]) -> Run {
-    let run = run(fx, args);
+    let run = fx.run(args);
     assert_eq!(
         run.code, 0,
         "sparse-volume {args:?}: {}{}",
@@ -124,19 +111,6 @@ fn fsck_clean(path: &Path) {
         path.display(),
         String::from_utf8_lossy(&output.stdout)
     );
-}
-
-fn ext4_bytes(path: &Path) -> u64 {
-    let text = tool("dumpe2fs", &["-h", path.to_str().expect("UTF-8 path")]);
-    let field = |name: &str| -> u64 {
-        text.lines()
-            .find_map(|l| l.strip_prefix(name))
-            .unwrap_or_else(|| panic!("dumpe2fs shows no {name}"))
-            .trim()
-            .parse()
-            .expect("a number")
-    };
-    field("Block count:") * field("Block size:")
 }
 
 fn registered_size(fx: &Fixture, uuid: &str) -> u64 {
@@ -196,8 +170,8 @@ struct Seen {
 }
 
 fn check_and_repair(fx: &Fixture) -> Seen {
-    let after_crash = finding_kinds(&run(fx, &["check", "--json"]));
-    let repair = run(fx, &["check", "--repair", "--json"]);
+    let after_crash = finding_kinds(&fx.run(&["check", "--json"]));
+    let repair = fx.run(&["check", "--repair", "--json"]);
     assert!(
         repair.code == 0 || repair.code == 1,
         "check --repair: {}{}",
@@ -205,7 +179,7 @@ fn check_and_repair(fx: &Fixture) -> Seen {
         repair.stderr
     );
     // What a repair leaves is only what it reports it could not fix.
-    let after_repair = finding_kinds(&run(fx, &["check", "--json"]));
+    let after_repair = finding_kinds(&fx.run(&["check", "--json"]));
     Seen {
         after_crash,
         after_repair,
@@ -213,7 +187,7 @@ fn check_and_repair(fx: &Fixture) -> Seen {
 }
 
 fn assert_clean(fx: &Fixture, point: &str) {
-    let check = run(fx, &["check", "--json"]);
+    let check = fx.run(&["check", "--json"]);
     assert_eq!(check.code, 0, "{point}: check not clean: {}", check.stdout);
     assert_eq!(check.json()["clean"], true, "{point}");
 }

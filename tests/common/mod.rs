@@ -394,3 +394,34 @@ fn loops_of_quiet(path: &Path) -> Vec<String> {
         })
         .unwrap_or_default()
 }
+
+/// splitmix64: tiny, seedable, good enough to pick operations and delays.
+pub struct Rng(pub u64);
+
+impl Rng {
+    pub fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+}
+
+/// The size of the ext4 in `path` (a backing file), as dumpe2fs reads it.
+pub fn ext4_bytes(path: &Path) -> u64 {
+    let text = tool("dumpe2fs", &["-h", path.to_str().expect("UTF-8 path")]);
+    let field = |name: &str| -> u64 {
+        text.lines()
+            .find_map(|l| l.strip_prefix(name))
+            .unwrap_or_else(|| panic!("dumpe2fs shows no {name}"))
+            .trim()
+            .parse()
+            .expect("a number")
+    };
+    field("Block count:") * field("Block size:")
+}
