@@ -1,52 +1,106 @@
 #!/usr/bin/env bash
-# Builds the .deb and the .rpm of sparse-volume from this work tree:
+# Builds the .deb and the .rpm of sparse-volume from this source tree:
 #
-#   packaging/build-packages.sh
+#   packaging/build-packages.sh              binaries, staged tree, both packages
+#   packaging/build-packages.sh binaries     cargo build only (the spec's %build)
+#   packaging/build-packages.sh stage DIR    installs the built tree into DIR
+#                                            (the spec's %install)
 #
-# writes target/packages/sparse-volume_<version>-1_<arch>.deb and
-# target/packages/sparse-volume-<version>-1.<arch>.rpm (<version> from
-# Cargo.toml; CARGO_TARGET_DIR moves target/). Needs cargo, dpkg-dev
-# (dpkg-deb, dpkg-shlibdeps), rpm (rpmbuild), binutils (strip) and gzip.
+# writes target/packages/sparse-volume_<version>-<revision>_<arch>.deb and
+# target/packages/sparse-volume-<version>-<revision>.<arch>.rpm (<version>
+# from Cargo.toml; CARGO_TARGET_DIR moves target/; SV_PACKAGE_REVISION sets
+# <revision>, default 1). Needs cargo, dpkg-dev (dpkg-deb, dpkg-shlibdeps),
+# rpm (rpmbuild), binutils (strip) and gzip.
 #
-# Both packages are made from one staged tree, without debhelper or a
-# source package: release binaries, man pages and completions generated
-# from the clap definitions (packaging/docgen), the units, a commented
-# config.toml. dpkg-deb and rpmbuild only wrap that tree, which takes
-# seconds and keeps everything that is packaged visible in this directory.
+# Both packages hold one staged tree, without debhelper or a source
+# package: release binaries, man pages and completions generated from the
+# clap definitions (packaging/docgen), the units, a commented config.toml.
+# The .rpm is built through packaging/rpm/sparse-volume.spec, whose %build
+# and %install call this script back: cargo finds the binaries fresh, and
+# `stage` is the one list of what gets installed, for both packages.
+#
+# Same commit, same bytes, wherever the tree, the target directory and
+# CARGO_HOME are: dates come from the last commit, and rustc maps the build
+# paths to fixed ones (packaging/check-reproducible.sh proves it).
 set -euo pipefail
 
-HERE=$(cd "$(dirname "$0")" && pwd)
-TOP=$(cd "$HERE/.." && pwd)
-TARGET=${CARGO_TARGET_DIR:-$TOP/target}
+# Physical paths: rpmbuild calls this script back from the same tree, and
+# the path remapping must see the same prefixes both times.
+HERE=$(cd "$(dirname "$0")" && pwd -P)
+TOP=$(cd "$HERE/.." && pwd -P)
+# Absolute, from where the script was started (as cargo takes a relative
+# CARGO_TARGET_DIR), and exported: cargo runs in $TOP, and rpmbuild's
+# callback must see the same directory.
+TARGET=$(realpath -m "${CARGO_TARGET_DIR:-$TOP/target}")
+export CARGO_TARGET_DIR=$TARGET
 OUT=$TARGET/packages
 WORK=$TARGET/packaging
 
 NAME=sparse-volume
-# The Debian revision and the RPM release: bump to re-release one version.
-REVISION=1
-MAINTAINER="sparse-volume maintainers <maintainers@sparse-volume.invalid>"
+# The Debian revision and the RPM release: raise it to re-release a version.
+REVISION=${SV_PACKAGE_REVISION:-1}
+
+# cargo_field: the metadata the checks compare against.
+# shellcheck source=packaging/lib.sh
+. "$HERE/lib.sh"
 
 log() { printf 'build-packages: %s\n' "$*" >&2; }
 
+die() {
+    log "$*"
+    exit 1
+}
+
 # Same bytes for the same commit: dates in the changelog, the man pages and
-# file times come from the last commit, not from the clock.
+# file times come from the last commit, not from the clock. Without git (a
+# `git archive` tarball), Cargo.toml carries the commit time.
 source_date_epoch() {
     if [[ -n ${SOURCE_DATE_EPOCH:-} ]]; then
         echo "$SOURCE_DATE_EPOCH"
     elif git -C "$TOP" rev-parse --git-dir >/dev/null 2>&1; then
         git -C "$TOP" log -1 --format=%ct
     else
-        date +%s
+        stat -c %Y "$TOP/Cargo.toml"
     fi
 }
 
-build_binaries() {
+# rustc writes the source paths of panic locations into the binaries: our
+# crates relative to the workspace, the others under CARGO_HOME, generated
+# code under the target directory. Map them to fixed names; the last match
+# wins, so a target directory or a CARGO_HOME inside the tree is mapped as
+# such. Flags the caller set in CARGO_ENCODED_RUSTFLAGS or RUSTFLAGS come
+# first (cargo ignores build.rustflags in its config once these are set).
+# SV_REMAP_TREE and SV_REMAP_TARGET replace the tree and the target
+# directory in these flags: check-reproducible.sh --quick builds a copy
+# with the original's flags, so that cargo reuses the crates.io crates
+# compiled for the original and compiles only ours, from the copy.
+export_rustflags() {
+    local flags=() cargo_home=${CARGO_HOME:-${HOME:?}/.cargo}
+    local tree=${SV_REMAP_TREE:-$TOP} target=${SV_REMAP_TARGET:-$TARGET}
+    if [[ -n ${CARGO_ENCODED_RUSTFLAGS:-} ]]; then
+        IFS=$'\x1f' read -r -a flags <<<"$CARGO_ENCODED_RUSTFLAGS"
+    elif [[ -n ${RUSTFLAGS:-} ]]; then
+        read -r -a flags <<<"$RUSTFLAGS"
+    fi
+    flags+=("--remap-path-prefix=$tree=."
+        "--remap-path-prefix=$target=target"
+        "--remap-path-prefix=$cargo_home=cargo")
+    CARGO_ENCODED_RUSTFLAGS=$(IFS=$'\x1f' && echo "${flags[*]}")
+    export CARGO_ENCODED_RUSTFLAGS
+    unset RUSTFLAGS
+}
+
+# In a subshell: rpmbuild, which calls back `binaries`, must get the
+# caller's flags, not these on top of them (cargo would rebuild it all).
+build_binaries() (
     log "cargo build --release"
+    export_rustflags
+    cd "$TOP"
     # The generator on its own: built together with the CLI, cargo would
     # unify features and link D-Bus into it.
-    (cd "$TOP" && cargo build --release --locked -p sparse-volume -p sparse-volume-docgen)
-    (cd "$TOP" && cargo build --release --locked -p sparse-volume-generator)
-}
+    cargo build --release --locked -p sparse-volume -p sparse-volume-docgen
+    cargo build --release --locked -p sparse-volume-generator
+)
 
 # The version that was built, as the binary reports it ("sparse-volume 0.1.0").
 built_version() {
@@ -60,10 +114,14 @@ fill_in() {
     sed -e "s/@VERSION@/$2/g" -e "s/@DATE@/$3/g" "$1"
 }
 
-# The tree both packages contain. $1: empty destination directory.
-stage_common() {
-    local root=$1 version=$2 date=$3
-    local docs=$WORK/docs
+# Everything both packages install, from the built binaries, into $1 (new
+# or empty). The .deb and the spec's %install rearrange it afterwards.
+stage() {
+    local root=$1 version date docs=$WORK/docs
+    version=$(built_version)
+    date=$(date -u -d "@$(source_date_epoch)" +%Y-%m-%d)
+    mkdir -p "$WORK" "$root"
+    chmod 0755 "$root"
 
     # Debian's dh_strip does the same: no symbols, no .comment/.note noise.
     install -D -m 0755 "$TARGET/release/$NAME" "$root/usr/bin/$NAME"
@@ -112,8 +170,15 @@ $NAME ($version) unstable; urgency=medium
 
   * Package built from the $NAME source tree, version ${version%-*}.
 
- -- $MAINTAINER  $(date -u -R -d "@$epoch")
+ -- $(cargo_field authors)  $(date -u -R -d "@$epoch")
 EOF
+}
+
+# What dpkg-gencontrol computes and, unlike `du`, the same on every file
+# system: KiB per regular file, rounded up, and 1 for anything else.
+installed_size() {
+    find "$1" -path "$1/DEBIAN" -prune -o -printf '%y %s\n' |
+        awk '{ size += $1 == "f" ? int(($2 + 1023) / 1024) : 1 } END { print size }'
 }
 
 # "libc6 (>= 2.34), libgcc-s1 (>= 4.2)" for the staged binaries.
@@ -143,7 +208,7 @@ build_deb() {
     # what it kept. (rpm removes a non-empty directory silently: the .rpm
     # keeps the staged layout, with config.toml as %config(noreplace).)
     install -D -m 0644 "$root/etc/$NAME/config.toml" "$root/usr/share/$NAME/config.toml"
-    rm -r "$root/etc" "$root/var"
+    rm -r "${root:?}/etc" "${root:?}/var"
     debian_changelog "$deb_version" "$epoch" | gzip -9 -n \
         >"$root/usr/share/doc/$NAME/changelog.Debian.gz"
     chmod 0644 "$root/usr/share/doc/$NAME/changelog.Debian.gz"
@@ -157,12 +222,15 @@ build_deb() {
         LC_ALL=C sort -z | xargs -0 md5sum) >"$root/DEBIAN/md5sums"
     chmod 0644 "$root/DEBIAN/md5sums"
 
-    local size shlibs
-    size=$(du -s -k --exclude=DEBIAN "$root" | cut -f1)
+    local size shlibs repository
+    size=$(installed_size "$root")
     shlibs=$(shlibs_depends "$root")
-    sed -e "s/@VERSION@/$deb_version/" -e "s/@ARCH@/$arch/" \
-        -e "s/@MAINTAINER@/$MAINTAINER/" -e "s/@INSTALLED_SIZE@/$size/" \
-        -e "s/@SHLIBS@/$shlibs/" -e '/^#/d' "$HERE/debian/control.in" >"$root/DEBIAN/control"
+    repository=$(cargo_field repository)
+    sed -e "s|@VERSION@|$deb_version|" -e "s|@ARCH@|$arch|" \
+        -e "s|@MAINTAINER@|$(cargo_field authors)|" -e "s|@INSTALLED_SIZE@|$size|" \
+        -e "s|@SHLIBS@|$shlibs|" -e "s|@HOMEPAGE@|$(cargo_field homepage)|" \
+        -e "s|@REPOSITORY@|$repository|g" -e '/^#/d' \
+        "$HERE/debian/control.in" >"$root/DEBIAN/control"
 
     set_mtimes "$root" "$epoch"
     dpkg-deb --root-owner-group -Zxz --build "$root" \
@@ -170,22 +238,26 @@ build_deb() {
     log "wrote $OUT/${NAME}_${deb_version}_$arch.deb"
 }
 
+# Through the spec's own %build and %install, in this tree (build in
+# place) and with this target directory, as a distribution builds it.
+# --nodeps: rpm's database does not know Debian's packages (BuildRequires).
+# The last three make the .rpm reproducible, like the .deb: build time
+# from SOURCE_DATE_EPOCH, and no host name.
 build_rpm() {
-    local common=$1 version=$2 topdir=$WORK/rpm
+    local version=$1 topdir=$WORK/rpm spec=$HERE/rpm/$NAME.spec spec_version
+    spec_version=$(rpmspec -q --srpm --qf '%{VERSION}' "$spec")
+    [[ $spec_version == "$version" ]] ||
+        die "Version: in ${spec#"$TOP/"} is $spec_version, Cargo.toml says $version"
     rm -rf "$topdir" && mkdir -p "$topdir"
-    # The last three make the .rpm reproducible, like the .deb: build time
-    # from SOURCE_DATE_EPOCH, and no host name.
-    rpmbuild -bb --quiet \
+    (cd "$TOP" && rpmbuild -bb --build-in-place --nodeps --quiet \
         --define "_topdir $topdir" \
         --define "_rpmdir $OUT" \
         --define "_build_name_fmt %%{NAME}-%%{VERSION}-%%{RELEASE}.%%{ARCH}.rpm" \
-        --define "sv_version $version" \
         --define "sv_release $REVISION" \
-        --define "sv_stage $common" \
         --define "use_source_date_epoch_as_buildtime 1" \
         --define "clamp_mtime_to_source_date_epoch 1" \
         --define "_buildhost reproducible" \
-        "$HERE/rpm/$NAME.spec"
+        "$spec")
     log "wrote $OUT/$NAME-$version-$REVISION.$(rpm --eval '%{_arch}').rpm"
 }
 
@@ -193,22 +265,35 @@ set_mtimes() {
     find "$1" -exec touch -h -d "@$2" {} +
 }
 
-main() {
-    local version epoch date common=$WORK/root
+build_all() {
+    local version epoch common=$WORK/root
+    [[ $REVISION =~ ^[0-9][0-9a-z.+~]*$ ]] ||
+        die "SV_PACKAGE_REVISION=$REVISION: expected a number such as 2"
     build_binaries
     version=$(built_version)
     epoch=$(source_date_epoch)
-    date=$(date -u -d "@$epoch" +%Y-%m-%d)
     export SOURCE_DATE_EPOCH=$epoch
 
     mkdir -p "$OUT" "$WORK"
     rm -f "$OUT/$NAME"_*.deb "$OUT/$NAME"-*.rpm
-    rm -rf "$common" && mkdir -m 0755 "$common"
-    stage_common "$common" "$version" "$date"
+    rm -rf "$common"
+    stage "$common"
     set_mtimes "$common" "$epoch"
 
     build_deb "$common" "$version" "$epoch"
-    build_rpm "$common" "$version"
+    build_rpm "$version"
+}
+
+main() {
+    case "${1:-}" in
+        "") build_all ;;
+        binaries) build_binaries ;;
+        stage)
+            [[ $# -eq 2 ]] || die "usage: $0 stage DIR"
+            stage "$2"
+            ;;
+        *) die "usage: $0 [binaries | stage DIR]" ;;
+    esac
 }
 
 main "$@"

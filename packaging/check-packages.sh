@@ -14,60 +14,32 @@
 #   with a stub systemctl: daemon-reload only where systemd runs, nothing
 #   else ever, and removal/purge keep volume data and the registry;
 # - dpkg installing, reinstalling, removing and purging the .deb in a
-#   scratch root.
+#   scratch root;
+# - rpmlint: no error and no warning that lacks a filter with its reason
+#   in packaging/rpmlint.toml;
+# - rpm installing the .rpm, upgrading it to release 2 and erasing it in a
+#   scratch root, running the real scriptlets there: `rpm -V` clean, the
+#   edited config.toml kept, volume data and the registry kept.
 #
-# Needs dpkg, lintian, rpm, man-db. Runs every check, then prints
-# "N passed, N failed" and exits non-zero if any failed.
+# Release 2 is built here with rpmbuild from the spec, reusing the binaries
+# in CARGO_TARGET_DIR: run it with the target directory of the build.
+# Needs root (rpm --root chroots), dpkg, lintian, rpm, rpmlint, man-db.
+# Runs every check, then prints "N passed, N failed" and exits non-zero if
+# any failed.
 set -euo pipefail
 
 HERE=$(cd "$(dirname "$0")" && pwd)
 TOP=$(cd "$HERE/.." && pwd)
-DIR=${1:-${CARGO_TARGET_DIR:-$TOP/target}/packages}
+# Absolute, as build-packages.sh takes it: rpmbuild runs it from $TOP.
+export CARGO_TARGET_DIR
+CARGO_TARGET_DIR=$(realpath -m "${CARGO_TARGET_DIR:-$TOP/target}")
+DIR=${1:-$CARGO_TARGET_DIR/packages}
 SCRATCH=$(mktemp -d)
 trap 'rm -rf "$SCRATCH"' EXIT
 
-passed=0
-failed=0
+# shellcheck source=packaging/lib.sh
+. "$HERE/lib.sh"
 
-pass() {
-    passed=$((passed + 1))
-    printf 'ok   %s\n' "$1"
-}
-
-fail() {
-    failed=$((failed + 1))
-    printf 'FAIL %s\n' "$1"
-    if [[ -n ${2:-} ]]; then
-        printf '%s\n' "$2" | sed 's/^/     /'
-    fi
-}
-
-# check NAME COMMAND...: passes when COMMAND succeeds; its output explains a
-# failure.
-check() {
-    local name=$1 output
-    shift
-    if output=$("$@" 2>&1); then
-        pass "$name"
-    else
-        fail "$name" "$output"
-    fi
-}
-
-# The one file in DIR matching a glob.
-only_file() {
-    # shellcheck disable=SC2206 # $1 is a glob, expanded on purpose
-    local matches=("$DIR"/$1)
-    if [[ ${#matches[@]} -ne 1 || ! -f ${matches[0]} ]]; then
-        echo "expected exactly one $1 in $DIR, found: ${matches[*]}" >&2
-        return 1
-    fi
-    echo "${matches[0]}"
-}
-
-cargo_version() {
-    sed -n '/^\[workspace.package\]/,/^\[/ s/^version = "\(.*\)"$/\1/p' "$TOP/Cargo.toml"
-}
 
 # diff_list EXPECTED_FILE ACTUAL_TEXT REGENERATE_HINT
 diff_list() {
@@ -123,7 +95,23 @@ check_deb_control() {
         contains_all "$(dpkg-deb -f "$deb" Depends)" libc6 util-linux e2fsprogs systemd &&
         field_is Recommends "$(dpkg-deb -f "$deb" Recommends)" xfsprogs &&
         field_is Suggests "$(dpkg-deb -f "$deb" Suggests)" gdisk &&
-        field_is "control members" "$(dpkg-deb --ctrl-tarfile "$deb" | tar -t | grep -c conffiles)" 0
+        field_is "control members" "$(dpkg-deb --ctrl-tarfile "$deb" | tar -t | grep -c conffiles)" 0 &&
+        check_deb_project_fields "$deb"
+}
+
+# The project as maintainer, its repository and its issue tracker, all
+# from Cargo.toml.
+check_deb_project_fields() {
+    local deb=$1 repository
+    repository=$(cargo_field repository)
+    field_is Maintainer "$(dpkg-deb -f "$deb" Maintainer)" "$(cargo_field authors)" &&
+        field_is Homepage "$(dpkg-deb -f "$deb" Homepage)" "$(cargo_field homepage)" &&
+        field_is Vcs-Git "$(dpkg-deb -f "$deb" Vcs-Git)" "$repository.git" &&
+        field_is Vcs-Browser "$(dpkg-deb -f "$deb" Vcs-Browser)" "$repository" &&
+        field_is Bugs "$(dpkg-deb -f "$deb" Bugs)" "$repository/issues" &&
+        field_is "changelog.Debian trailer" \
+            "$(dpkg-deb --fsys-tarfile "$deb" | tar -xO ./usr/share/doc/sparse-volume/changelog.Debian.gz |
+                gzip -d | sed -n 's/^ -- \(.*>\)  .*/\1/p')" "$(cargo_field authors)"
 }
 
 check_rpm_metadata() {
@@ -135,7 +123,24 @@ check_rpm_metadata() {
         field_is Recommends "$(rpm -qp --recommends "$rpm")" xfsprogs &&
         field_is Suggests "$(rpm -qp --suggests "$rpm")" gdisk &&
         field_is "config files" "$(rpm -qcp "$rpm")" /etc/sparse-volume/config.toml &&
+        field_is "URL BugURL" "$(rpm -qp --qf '%{URL} %{BUGURL}' "$rpm")" \
+            "$(cargo_field homepage) $(cargo_field repository)/issues" &&
+        field_is Vendor "$(rpm -qp --qf '%{VENDOR}' "$rpm")" "The sparse-volume project" &&
+        field_is Packager "$(rpm -qp --qf '%{PACKAGER}' "$rpm")" "$(cargo_field authors)" &&
         rpm -qip "$rpm" >/dev/null
+}
+
+# Errors and warnings fail unless packaging/rpmlint.toml filters them, each
+# with its reason; the spec is linted too.
+check_rpmlint() {
+    local output
+    output=$(rpmlint -c "$HERE/rpmlint.toml" "$1" "$HERE/rpm/sparse-volume.spec" 2>&1) || {
+        echo "$output"
+        return 1
+    }
+    if grep -E ': [EW]: ' <<<"$output"; then
+        return 1
+    fi
 }
 
 check_lintian() {
@@ -224,6 +229,7 @@ expect_run() {
 no_forbidden_commands() {
     local script
     for script in "$@"; do
+        # shellcheck disable=SC2016 # the pattern matches a literal ${DPKG_ROOT:-}
         if grep -nE 'systemctl +([a-z-]+ +)*(start|stop|restart|try-restart|reload-or-restart|enable|disable|mask|kill)\b|deb-systemd-(invoke|helper)|invoke-rc\.d|\brm +' "$script" |
             grep -vE '^[0-9]+: *rm -f( "\$\{DPKG_ROOT:-\}\$CONFIG_DIR/config\.toml(\.dpkg-tmp)?")+$'; then
             echo "forbidden command in ${script##*/}"
@@ -329,11 +335,128 @@ check_rpm_scripts() {
         expect_run "%postun erase" "$box" yes "$reload" kept-message "$SCRATCH/postun" 0
 }
 
+# --- rpm itself ---------------------------------------------------------------
+
+# rpm on root $1; $2 is the mode (-i, -U, -e, -V, ...). Debian's rpm warns
+# at every install and erase that alien is preferable, unless forced.
+rpm_in() {
+    local root=$1 mode=$2 quiet=()
+    shift 2
+    # Not `rpm --help | grep -q`: grep exits first, and pipefail would see
+    # rpm's SIGPIPE now and then.
+    if [[ $mode == -[iUe] && $(rpm --help) == *--force-debian* ]]; then
+        quiet=(--force-debian)
+    fi
+    rpm --root "$root" --dbpath /var/lib/rpm "$mode" "${quiet[@]}" "$@"
+}
+
+# A root where rpm runs the real scriptlets, which it runs chrooted there:
+# a /bin/sh (dash and the libraries it links), /dev/null (the scriptlets
+# redirect to it), a systemctl stub that logs its arguments to
+# /systemctl.log, and /run/systemd/system if $2 = yes.
+make_rpm_root() {
+    local root=$1 systemd=$2 libs lib
+    mkdir -p "$root/bin" "$root/usr/bin" "$root/dev" "$root/var/tmp" "$root/var/lib/rpm"
+    mknod -m 0666 "$root/dev/null" c 1 3
+    cp /bin/dash "$root/bin/sh"
+    mapfile -t libs < <(ldd /bin/dash | grep -o '/[^ ]*')
+    for lib in "${libs[@]}"; do
+        cp --parents -L "$lib" "$root"
+    done
+    # shellcheck disable=SC2016 # $* is the stub's, not ours
+    printf '#!/bin/sh\necho "$*" >>/systemctl.log\n' >"$root/usr/bin/systemctl"
+    chmod +x "$root/usr/bin/systemctl"
+    if [[ $systemd == yes ]]; then mkdir -p "$root/run/systemd/system"; fi
+    rpm_in "$root" --initdb
+}
+
+# systemctl_log ROOT EXPECTED WHEN: the stub's calls since the last one.
+systemctl_log() {
+    local calls
+    calls=$(cat "$1/systemctl.log" 2>/dev/null || true)
+    rm -f "$1/systemctl.log"
+    field_is "systemctl calls at $3" "$calls" "$2"
+}
+
+# Release 2 of the same tree through the spec's real %build and %install
+# (cargo finds the binaries of release 1 fresh), with a default config.toml
+# that differs from release 1's, as when a release documents a new key:
+# only then does %config(noreplace) decide anything on upgrade.
+build_release_2() {
+    (cd "$TOP" && rpmbuild -bb --build-in-place --nodeps --quiet \
+        --define "_topdir $SCRATCH/rpmbuild" \
+        --define "_rpmdir $1" \
+        --define "_build_name_fmt %%{NAME}-%%{VERSION}-%%{RELEASE}.%%{ARCH}.rpm" \
+        --define "sv_release 2" \
+        --define "__spec_install_post echo '# a key of release 2' >>%{buildroot}/etc/sparse-volume/config.toml" \
+        "$HERE/rpm/sparse-volume.spec")
+}
+
+# Install, upgrade to release 2 over an edited config.toml, erase, with and
+# without systemd, then once more without volumes. --nodeps: the scratch
+# root has no util-linux, e2fsprogs or systemd packages.
+check_rpm_lifecycle() {
+    local rpm1=$1 rpm2 root=$SCRATCH/rpm-root output reload="--system daemon-reload"
+    local data=$root/var/lib/sparse-volume/backing
+    local entry=$root/etc/sparse-volume/volumes.d/x.toml
+    local config=$root/etc/sparse-volume/config.toml
+    output=$(build_release_2 "$SCRATCH/release-2" 2>&1) || { echo "building release 2: $output"; return 1; }
+    rpm2=$(echo "$SCRATCH"/release-2/sparse-volume-*-2.*.rpm)
+    make_rpm_root "$root" yes
+
+    output=$(rpm_in "$root" -i --nodeps "$rpm1" 2>&1) || { echo "install: $output"; return 1; }
+    systemctl_log "$root" "$reload" install || return 1
+    output=$(rpm_in "$root" -V --nodeps sparse-volume 2>&1) || { echo "rpm -V after install: $output"; return 1; }
+    field_is "mode of /var/lib/sparse-volume" "$(stat -c %a "$root/var/lib/sparse-volume")" 700 || return 1
+    echo data >"$data"
+    echo 'uuid = "x"' >"$entry"
+    echo '# local edit' >>"$config"
+
+    # %post of release 2, then %postun of release 1: a reload each.
+    output=$(rpm_in "$root" -U --nodeps "$rpm2" 2>&1) || { echo "upgrade: $output"; return 1; }
+    systemctl_log "$root" "$reload"$'\n'"$reload" upgrade || return 1
+    field_is "release after upgrade" "$(rpm_in "$root" -q --qf '%{RELEASE}' sparse-volume)" 2 || return 1
+    grep -q '^# local edit$' "$config" || { echo "upgrade replaced the edited config.toml"; return 1; }
+    grep -q '^# a key of release 2$' "$config.rpmnew" ||
+        { echo "upgrade did not leave release 2's config.toml as config.toml.rpmnew"; return 1; }
+    [[ -f $data && -f $entry ]] || { echo "upgrade deleted volume data or the registry"; return 1; }
+    # Only the edited config.toml differs from the package.
+    output=$(rpm_in "$root" -V --nodeps sparse-volume 2>&1) || true
+    [[ $output =~ ^S\.5\.\.\.\.T\.\ +c\ /etc/sparse-volume/config\.toml$ ]] ||
+        { echo "rpm -V after upgrade: $output"; return 1; }
+
+    # rpm renames an edited %config file to .rpmsave on erase.
+    output=$(rpm_in "$root" -e --nodeps sparse-volume 2>&1) || { echo "erase: $output"; return 1; }
+    systemctl_log "$root" "$reload" erase || return 1
+    [[ ! -e $root/usr/bin/sparse-volume ]] || { echo "erase left /usr/bin/sparse-volume"; return 1; }
+    [[ -f $data && -f $entry ]] || { echo "erase deleted volume data or the registry"; return 1; }
+    if [[ -e $config ]] || ! grep -q '^# local edit$' "$config.rpmsave"; then
+        echo "erase did not keep the edited config.toml as config.toml.rpmsave"
+        return 1
+    fi
+    grep -q '^sparse-volume: kept volume data (/var/lib/sparse-volume' <<<"$output" ||
+        { echo "erase did not say where the data is kept: $output"; return 1; }
+
+    rm -r "$root/run/systemd/system"
+    output=$(rpm_in "$root" -i --nodeps "$rpm1" 2>&1) || { echo "install, no systemd: $output"; return 1; }
+    output=$(rpm_in "$root" -e --nodeps sparse-volume 2>&1) || { echo "erase, no systemd: $output"; return 1; }
+    systemctl_log "$root" "" "install and erase without systemd" || return 1
+    [[ -f $data && -f $entry ]] || { echo "erase deleted volume data or the registry"; return 1; }
+
+    # Without volumes (and edits), install and erase leave nothing behind.
+    rm -r "$root/var/lib/sparse-volume" "$root/etc/sparse-volume"
+    output=$(rpm_in "$root" -i --nodeps "$rpm1" 2>&1) || { echo "install again: $output"; return 1; }
+    output=$(rpm_in "$root" -e --nodeps sparse-volume 2>&1) || { echo "erase without volumes: $output"; return 1; }
+    [[ ! -e $root/var/lib/sparse-volume && ! -e $root/etc/sparse-volume ]] ||
+        { echo "erase without volumes left $(find "$root/var/lib/sparse-volume" "$root/etc/sparse-volume" 2>/dev/null)"; return 1; }
+    [[ -z $output ]] || { echo "erase without volumes printed: $output"; return 1; }
+}
+
 main() {
     local version deb rpm
-    version=$(cargo_version)
-    deb=$(only_file "sparse-volume_${version}-1_*.deb")
-    rpm=$(only_file "sparse-volume-${version}-1.*.rpm")
+    version=$(cargo_field version)
+    deb=$(one_file "$DIR" "sparse-volume_${version}-1_*.deb")
+    rpm=$(one_file "$DIR" "sparse-volume-${version}-1.*.rpm")
     echo "checking ${deb#"$TOP/"} and ${rpm#"$TOP/"}"
 
     dpkg-deb -x "$deb" "$SCRATCH/root"
@@ -357,9 +480,10 @@ main() {
         "rpm -qp --qf '[%{FILEMODES:perms} %{FILEUSERNAME}/%{FILEGROUPNAME} %{FILENAMES}\\n]' $rpm"
     check ".rpm metadata" check_rpm_metadata "$rpm" "$version"
     check ".rpm scriptlets" check_rpm_scripts "$rpm"
+    check "rpmlint: no errors or warnings" check_rpmlint "$rpm"
+    check ".rpm install, upgrade to release 2, erase with rpm" check_rpm_lifecycle "$rpm"
 
-    printf '%d passed, %d failed\n' "$passed" "$failed"
-    [[ $failed -eq 0 ]]
+    report
 }
 
 main "$@"

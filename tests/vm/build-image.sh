@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Builds the base image of the sparse-volume test VM (Debian 12 "bookworm")
-# into OUTDIR, which must exist and be empty:
+# Builds a base image of the sparse-volume test VM into OUTDIR, which must
+# exist and be empty. The Debian release is SV_VM_SUITE: bookworm (Debian
+# 12, the default) or trixie (Debian 13); one recipe serves both.
 #
 #   OUTDIR/root.qcow2          4 GiB ext4 root disk (filesystem UUID below)
 #   OUTDIR/vmlinuz             kernel, for qemu -kernel
@@ -16,7 +17,7 @@
 # hash of this file and packages.txt: every change here rebuilds the image.
 set -euo pipefail
 
-readonly SUITE=bookworm
+readonly SUITE=${SV_VM_SUITE:-bookworm}
 readonly ROOT_UUID=5e1f0c3a-7b2d-4c8e-9a61-0d3b5f7e2c94
 readonly DISK_SIZE=4G
 readonly GUEST_HOSTNAME=sv-test
@@ -33,28 +34,35 @@ log() { printf '%s build-image: %s\n' "$(date +%T)" "$*" >&2; }
 die() { log "ERROR: $*"; exit 1; }
 
 # The mirror URL: $SV_VM_MIRROR, else the URIs: of the stanza of
-# debian.sources whose Suites: names bookworm, else sources.list.
+# debian.sources whose Suites: names $SUITE, else the one that names the
+# host's own release (one Debian archive serves every release), else a
+# matching line of sources.list.
 mirror_url() {
     if [[ -n ${SV_VM_MIRROR:-} ]]; then
         printf '%s\n' "$SV_VM_MIRROR"
         return
     fi
-    local url=""
-    if [[ -r $SOURCES_FILE ]]; then
-        # deb822: stanzas separated by blank lines.
-        url=$(awk -v suite="$SUITE" '
-            function stanza_end() { if (ok && uri != "" && !found) { print uri; found = 1 } ok = 0; uri = "" }
-            /^[ \t]*$/              { stanza_end(); next }
-            tolower($1) == "uris:"   { uri = $2 }
-            tolower($1) == "suites:" { for (i = 2; i <= NF; i++) if ($i == suite) ok = 1 }
-            END                      { stanza_end() }
-        ' "$SOURCES_FILE")
-    fi
-    if [[ -z $url && -r /etc/apt/sources.list ]]; then
-        url=$(awk -v suite="$SUITE" '$1 == "deb" && $3 == suite { print $2; exit }' \
-            /etc/apt/sources.list)
-    fi
-    [[ -n $url ]] || die "no mirror for '$SUITE' in $SOURCES_FILE; set SV_VM_MIRROR"
+    local url="" suite host_suite
+    # shellcheck source=/dev/null
+    host_suite=$(. /etc/os-release && echo "${VERSION_CODENAME:-}")
+    for suite in "$SUITE" "$host_suite"; do
+        [[ -n $suite && -z $url ]] || continue
+        if [[ -r $SOURCES_FILE ]]; then
+            # deb822: stanzas separated by blank lines.
+            url=$(awk -v suite="$suite" '
+                function stanza_end() { if (ok && uri != "" && !found) { print uri; found = 1 } ok = 0; uri = "" }
+                /^[ \t]*$/              { stanza_end(); next }
+                tolower($1) == "uris:"   { uri = $2 }
+                tolower($1) == "suites:" { for (i = 2; i <= NF; i++) if ($i == suite) ok = 1 }
+                END                      { stanza_end() }
+            ' "$SOURCES_FILE")
+        fi
+        if [[ -z $url && -r /etc/apt/sources.list ]]; then
+            url=$(awk -v suite="$suite" '$1 == "deb" && $3 == suite { print $2; exit }' \
+                /etc/apt/sources.list)
+        fi
+    done
+    [[ -n $url ]] || die "no Debian mirror for '$SUITE' or '$host_suite' in $SOURCES_FILE; set SV_VM_MIRROR"
     printf '%s\n' "$url"
 }
 
@@ -112,11 +120,14 @@ configure_system() {
     printf '[Journal]\nStorage=persistent\n' |
         write_file "$root/etc/systemd/journald.conf.d/sparse-volume-vm.conf" 0644
     # Nothing periodic that could disturb a test, and no boot work the tests
-    # don't need (under TCG each of these costs seconds). dm_mod and fuse
-    # still load on demand (their /dev nodes autoload them).
+    # don't need (under TCG each of these costs seconds: a module load at
+    # boot took 6-7 s on the Debian 13 guest). dm_mod and fuse still load on
+    # demand (their /dev nodes autoload them); nothing here uses configfs,
+    # pstore or a display.
     systemctl --root="$root" --quiet mask apt-daily.timer apt-daily-upgrade.timer \
         man-db.timer e2scrub_all.timer e2scrub_reap.service fstrim.timer \
-        modprobe@dm_mod.service modprobe@fuse.service
+        modprobe@dm_mod.service modprobe@fuse.service modprobe@configfs.service \
+        modprobe@drm.service modprobe@efi_pstore.service
 }
 
 configure_network() {
@@ -157,6 +168,7 @@ export_boot_files() {
     cp "$root/boot/initrd.img-$version" "$out/initrd.img"
     cat >"$out/image.env" <<EOF
 SV_VM_ROOT_UUID=$ROOT_UUID
+SV_VM_SUITE=$SUITE
 SV_VM_KERNEL_VERSION=$version
 SV_VM_IMAGE_BUILT=$(date -u +%Y-%m-%dT%H:%M:%SZ)
 EOF

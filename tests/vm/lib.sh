@@ -19,6 +19,7 @@ SV_VM_LIB_DIR=$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")" && pwd)
 # Settings (environment variables; defaults below).
 : "${SV_VM_CACHE:=/var/cache/sparse-volume-vm}"  # where base images are kept
 : "${SV_VM_REBUILD:=0}"            # 1: rebuild the image even if cached
+: "${SV_VM_SUITE:=bookworm}"       # Debian release of the guest: bookworm or trixie
 : "${SV_VM_ACCEL:=auto}"           # auto | tcg | kvm
 : "${SV_VM_MEM:=2048}"             # guest memory, MiB
 : "${SV_VM_CPUS:=2}"               # guest vCPUs
@@ -85,10 +86,17 @@ vm__need_tools() {
 
 # ------------------------------------------------------------------ image
 
-# The cache key: a hash of the files that define the image.
-vm__recipe_hash() {
-    (cd -- "$SV_VM_LIB_DIR" && sha256sum build-image.sh packages.txt) |
-        sha256sum | cut -c1-16
+# The cache key: the release and a hash of the files that define the
+# image, e.g. "trixie-0123456789abcdef".
+vm__recipe_key() {
+    [[ $SV_VM_SUITE =~ ^[a-z]+$ ]] || {
+        vm_log "ERROR: SV_VM_SUITE must be a Debian code name such as bookworm or trixie, not '$SV_VM_SUITE'"
+        return 1
+    }
+    local hash
+    hash=$( (cd -- "$SV_VM_LIB_DIR" && sha256sum build-image.sh packages.txt) |
+        sha256sum | cut -c1-16) || return 1
+    echo "$SV_VM_SUITE-$hash"
 }
 
 vm__use_image() {
@@ -103,7 +111,7 @@ vm__use_image() {
 vm_image_build() {
     local hash dir start lock_fd
     vm__need_tools sha256sum flock || return 1
-    hash=$(vm__recipe_hash) || return 1
+    hash=$(vm__recipe_key) || return 1
     dir=$SV_VM_CACHE/$hash
     if [[ $SV_VM_REBUILD != 1 && -f $dir/image.env ]]; then
         vm_log "image: cache hit, $dir"
@@ -137,12 +145,16 @@ vm_image_build() {
     vm__use_image "$dir"
 }
 
-# Images of older recipes are never booted again; at ~0.5 GB each they
-# would pile up on a machine that keeps its cache. Called under the lock.
+# Images of older recipes of the same release are never booted again; at
+# ~0.5 GB each they would pile up on a machine that keeps its cache. The
+# other releases' images stay. Called under the lock.
 vm__prune_images() {
-    local keep=$1 old
+    local keep=$1 old name
     for old in "$SV_VM_CACHE"/*; do
-        [[ -d $old && ${old##*/} =~ ^[0-9a-f]{16}$ && ${old##*/} != "$keep" ]] || continue
+        name=${old##*/}
+        # Unprefixed names are images of recipes older than the release prefix.
+        [[ -d $old && $name != "$keep" ]] || continue
+        [[ $name =~ ^${SV_VM_SUITE}-[0-9a-f]{16}$ || $name =~ ^[0-9a-f]{16}$ ]] || continue
         vm_log "image: removing the outdated image $old"
         rm -rf --one-file-system -- "$old"
     done
@@ -167,7 +179,7 @@ vm__build_locked() {
         vm__remove_tree "$old"
     done
     tmp=$(mktemp -d "$SV_VM_CACHE/.build-$hash.XXXXXX") || return 1
-    if ! bash "$SV_VM_LIB_DIR/build-image.sh" "$tmp"; then
+    if ! SV_VM_SUITE=$SV_VM_SUITE bash "$SV_VM_LIB_DIR/build-image.sh" "$tmp"; then
         vm__remove_tree "$tmp"
         return 1
     fi
@@ -388,13 +400,27 @@ vm__wait_ssh() {
     done
 }
 
-# The accelerators to try, in order.
+# What a failed KVM probe is remembered by: the host kernel and the qemu
+# that failed. Another kernel or qemu probes again.
+vm__kvm_verdict_file() { echo "$SV_VM_CACHE/kvm-failed"; }
+vm__kvm_host() { echo "$(uname -r) $(qemu-system-x86_64 --version | head -n 1)"; }
+
+# The accelerators to try, in order. A KVM probe that failed costs
+# SV_VM_KVM_PROBE_TIMEOUT on every boot, so auto skips KVM where it failed
+# before on the same host kernel and qemu.
 vm__accels() {
     case $SV_VM_ACCEL in
     tcg) echo tcg ;;
     kvm) echo kvm ;;
     auto)
-        if [[ -r /dev/kvm && -w /dev/kvm ]]; then echo kvm tcg; else echo tcg; fi
+        if [[ ! -r /dev/kvm || ! -w /dev/kvm ]]; then
+            echo tcg
+        elif [[ $(cat "$(vm__kvm_verdict_file)" 2>/dev/null) == "$(vm__kvm_host)" ]]; then
+            vm_log "KVM skipped: its boot failed before on this host ($(vm__kvm_verdict_file); SV_VM_ACCEL=kvm tries it)"
+            echo tcg
+        else
+            echo kvm tcg
+        fi
         ;;
     *)
         vm_log "ERROR: SV_VM_ACCEL must be auto, tcg or kvm, not '$SV_VM_ACCEL'"
@@ -425,7 +451,7 @@ vm__boot() {
 # with extra empty data disks of the given sizes (default: $SV_VM_DATA_DISKS,
 # e.g. "1G"; "1G@4k" is a disk with 4096-byte logical sectors), and waits
 # until SSH answers. With SV_VM_ACCEL=auto it tries KVM first when /dev/kvm
-# is usable and falls back to TCG.
+# is usable (and did not fail before on this host) and falls back to TCG.
 vm_start() {
     local sizes=("$@") accels accel start timeout
     if [[ $# == 0 && -n $SV_VM_DATA_DISKS ]]; then
@@ -453,6 +479,7 @@ vm_start() {
         fi
         if [[ $accel == kvm && $accels == *tcg* ]]; then
             vm_log "KVM boot failed after $(vm__since "$start"); falling back to TCG"
+            mkdir -p -- "$SV_VM_CACHE" && vm__kvm_host >"$(vm__kvm_verdict_file)"
             vm_serial_tail 5
             sed 's/^/    | /' "$SV_VM_RUN/qemu.log" | tail -n 5 >&2
             vm__kill_qemu

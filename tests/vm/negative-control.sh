@@ -10,7 +10,8 @@
 #
 #   tests/vm/negative-control.sh        (root; same environment as scenario.sh)
 #
-# Costs setup plus one boot (about 4 minutes under TCG).
+# Costs setup plus one boot (about 2-3 minutes under TCG: guest.sh gives the
+# consumers a 15 s device timeout when it breaks the generator).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
