@@ -1,6 +1,7 @@
 //! Running the file system tools: mkfs at create, growing at resize.
 
 use std::ffi::OsString;
+use std::fs::File;
 use std::os::unix::process::CommandExt;
 use std::path::Path;
 use std::process::Command;
@@ -8,6 +9,8 @@ use std::process::Command;
 use anyhow::{bail, Context, Result};
 use uuid::Uuid;
 
+use crate::growing_mark::{clear_growing_mark, has_growing_mark, set_growing_mark};
+use crate::private_mount;
 use crate::registry::FsType;
 
 /// Runs a tool; on failure the error carries the line that says why.
@@ -25,13 +28,28 @@ where
     I: IntoIterator<Item = S>,
     S: Into<OsString>,
 {
-    let args: Vec<OsString> = args.into_iter().map(Into::into).collect();
+    let mut command = tool_command(program);
+    command.args(args.into_iter().map(Into::into));
+    run_command(program, command, success)
+}
+
+/// A command for `program` that dies with its caller.
+fn tool_command(program: &str) -> Command {
     let mut command = Command::new(program);
-    command.args(&args);
     dies_with_caller(&mut command);
-    let output = command
-        .output()
-        .with_context(|| format!("running {program} (is it installed?)"))?;
+    command
+}
+
+/// Runs a command made by [`tool_command`]; a failure names its reason.
+fn run_command(program: &str, mut command: Command, success: &[i32]) -> Result<()> {
+    let output = command.output().map_err(|error| {
+        let hint = if error.kind() == std::io::ErrorKind::NotFound {
+            " (is it installed?)"
+        } else {
+            ""
+        };
+        anyhow::Error::new(error).context(format!("running {program}{hint}"))
+    })?;
     if !output
         .status
         .code()
@@ -129,25 +147,74 @@ pub fn make_filesystem(
     run(program, args)
 }
 
-/// Grows an ext4 file system to fill its device or image file. resize2fs
-/// works online on a mounted file system; offline it insists on a fresh
-/// fsck first.
-pub fn grow_ext4(target: &Path, mounted: bool) -> Result<()> {
-    if !mounted {
-        // Exit status 1 is e2fsck's "errors corrected": the file system is
-        // fine, as after a resize that was killed part way.
-        run_accepting(
-            "e2fsck",
-            [OsString::from("-f"), "-p".into(), target.into()],
-            &[0, 1],
-        )?;
-    }
-    run("resize2fs", [target.as_os_str()])
+/// Grows an ext4 file system that is mounted (by a consumer) to fill its
+/// device: resize2fs asks the kernel, which grows it online.
+pub fn grow_mounted_ext4(device: &Path) -> Result<()> {
+    run("resize2fs", [device.as_os_str()])
+}
+
+/// Grows an ext4 file system that nothing mounts, on `target` (its loop
+/// device or its backing file), to fill it. resize2fs insists on a fresh
+/// fsck first. Neither tool is atomic, so both run so that a kill or a
+/// crash at any point leaves something the next call repairs:
+/// - `UNIX_IO_FORCE_BOUNCE` makes e2fsprogs write the superblock whole, in
+///   one write; otherwise it rewrites only the changed fields, a few bytes
+///   at a time and the checksum last, and a kill in between leaves a
+///   superblock that neither the kernel nor e2fsck opens (one-group file
+///   systems have no backup superblock to fall back on);
+/// - the backing file carries the growing mark while the tools run
+///   (growing_mark.rs), so that an interrupted grow is repaired with
+///   `e2fsck -y` by the next one.
+pub fn grow_unmounted_ext4(target: &Path, backing: &File) -> Result<()> {
+    let interrupted = has_growing_mark(backing);
+    set_growing_mark(backing)?;
+    let answer = if interrupted { "-y" } else { "-p" };
+    let mut fsck = e2fsprogs_command("e2fsck");
+    fsck.args([OsString::from("-f"), answer.into(), target.into()]);
+    // Exit status 1 is e2fsck's "errors corrected"; 4 under -p "left
+    // uncorrected", which only an operator should settle.
+    run_command("e2fsck", fsck, &[0, 1]).map_err(|error| {
+        error.context(format!(
+            "the file system on {} needs a check that is not run unattended: `e2fsck -f {}` (if the volume was being grown, `e2fsck -f -y {}`), then resize again",
+            target.display(),
+            target.display(),
+            target.display()
+        ))
+    })?;
+    let mut resize = e2fsprogs_command("resize2fs");
+    resize.arg(target);
+    run_command("resize2fs", resize, &[0])?;
+    clear_growing_mark(backing)
+}
+
+/// A command for an e2fsprogs tool that writes superblocks whole.
+fn e2fsprogs_command(program: &str) -> Command {
+    let mut command = tool_command(program);
+    command.env("UNIX_IO_FORCE_BOUNCE", "1");
+    command
 }
 
 /// xfs grows only while mounted, addressed by its mount point.
-pub fn grow_xfs(mount_point: &Path) -> Result<()> {
+pub fn grow_mounted_xfs(mount_point: &Path) -> Result<()> {
     run("xfs_growfs", [mount_point.as_os_str()])
+}
+
+/// Grows the xfs on `device`, which nothing mounts: xfs grows only while
+/// mounted, so xfs_growfs runs in a mount namespace of its own with the
+/// file system mounted on `mount_point`. The namespace ends with the tool,
+/// and with it the mount, however the tool or its caller ends: nothing is
+/// left mounted for the next command to trip over.
+pub fn grow_unmounted_xfs(device: &Path, mount_point: &Path) -> Result<()> {
+    let mut command = tool_command("xfs_growfs");
+    command.arg(mount_point);
+    private_mount::mount_before_exec(&mut command, device, mount_point, "xfs")
+        .with_context(|| format!("preparing to mount {} to grow it", device.display()))?;
+    run_command("xfs_growfs", command, &[0]).with_context(|| {
+        format!(
+            "growing {} mounted in a private mount namespace",
+            device.display()
+        )
+    })
 }
 
 #[cfg(test)]

@@ -8,7 +8,6 @@ use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 
 use anyhow::{bail, Context, Result};
-use nix::mount::{mount, umount, MsFlags};
 use serde::Serialize;
 
 use super::Report;
@@ -20,7 +19,7 @@ use crate::capacity;
 use crate::crashpoint;
 use crate::inuse::mounts_of_loop;
 use crate::loopdev::{self, BindOptions, LoopDevice};
-use crate::mkfs::{grow_ext4, grow_xfs};
+use crate::mkfs::{grow_mounted_ext4, grow_mounted_xfs, grow_unmounted_ext4, grow_unmounted_xfs};
 use crate::partition_table;
 use crate::paths::SystemRoot;
 use crate::registry::{check_size, FsType, Mode, Registry, Volume};
@@ -175,12 +174,13 @@ fn grow_filesystem(
     let mounted =
         attached.and_then(|n| mounts_of_loop(n).into_iter().next().map(|(_, point)| point));
     match (fs_type, attached, mounted) {
-        (FsType::Ext4, Some(number), mounted) => {
-            grow_ext4(&LoopDevice::path_of(number), mounted.is_some())
+        (FsType::Ext4, Some(number), Some(_)) => grow_mounted_ext4(&LoopDevice::path_of(number)),
+        (FsType::Ext4, Some(number), None) => {
+            grow_unmounted_ext4(&LoopDevice::path_of(number), file)
         }
-        (FsType::Ext4, None, _) => grow_ext4(host_path, false),
-        (FsType::Xfs, _, Some(point)) => grow_xfs(&point),
-        (FsType::Xfs, Some(number), None) => grow_xfs_unmounted(root, volume, number),
+        (FsType::Ext4, None, _) => grow_unmounted_ext4(host_path, file),
+        (FsType::Xfs, _, Some(point)) => grow_mounted_xfs(&point),
+        (FsType::Xfs, Some(number), None) => grow_xfs_privately_mounted(root, number),
         (FsType::Xfs, None, None) => {
             // xfs grows only while mounted: attach for the duration.
             let bound = loopdev::bind_to_free_device(
@@ -194,32 +194,18 @@ fn grow_filesystem(
                     discard: !volume.preallocated,
                 },
             )?;
-            let grown = grow_xfs_unmounted(root, volume, bound.number);
+            let grown = grow_xfs_privately_mounted(root, bound.number);
             let detached = detach_device(bound.number, bound.status.backing());
             grown.and(detached)
         }
     }
 }
 
-/// Mounts the device on a private directory just long enough to grow it.
-fn grow_xfs_unmounted(root: &SystemRoot, volume: &Volume, number: u32) -> Result<()> {
-    let base = root.run_dir();
-    std::fs::create_dir_all(&base).with_context(|| format!("creating {}", base.display()))?;
-    let point = tempfile::Builder::new()
-        .prefix(&format!("grow-{}-", volume.id))
-        .tempdir_in(&base)
-        .context("creating a temporary mount point")?;
-    let device = LoopDevice::path_of(number);
-    mount(
-        Some(&device),
-        point.path(),
-        Some("xfs"),
-        MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC,
-        None::<&str>,
-    )
-    .with_context(|| format!("mounting {} to grow it", device.display()))?;
-    let grown = grow_xfs(point.path());
-    let unmounted =
-        umount(point.path()).with_context(|| format!("unmounting {}", point.path().display()));
-    grown.and(unmounted)
+/// The mount point is shared by every grow and never removed: each mount
+/// lives in its own tool's mount namespace (mkfs::grow_unmounted_xfs).
+fn grow_xfs_privately_mounted(root: &SystemRoot, number: u32) -> Result<()> {
+    let mount_point = root.run_dir().join("grow");
+    std::fs::create_dir_all(&mount_point)
+        .with_context(|| format!("creating {}", mount_point.display()))?;
+    grow_unmounted_xfs(&LoopDevice::path_of(number), &mount_point)
 }
