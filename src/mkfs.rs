@@ -6,10 +6,12 @@ use std::os::unix::process::CommandExt;
 use std::path::Path;
 use std::process::Command;
 
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result};
 use uuid::Uuid;
 
-use crate::growing_mark::{clear_growing_mark, has_growing_mark, set_growing_mark};
+use crate::growing_mark::{
+    clear_growing_mark, interrupted_grow, last_mount_time, set_growing_mark,
+};
 use crate::private_mount;
 use crate::registry::FsType;
 
@@ -41,7 +43,34 @@ fn tool_command(program: &str) -> Command {
 }
 
 /// Runs a command made by [`tool_command`]; a failure names its reason.
-fn run_command(program: &str, mut command: Command, success: &[i32]) -> Result<()> {
+fn run_command(program: &str, command: Command, success: &[i32]) -> Result<()> {
+    let finished = finish(program, command)?;
+    if finished.code().is_some_and(|code| success.contains(&code)) {
+        return Ok(());
+    }
+    Err(finished.failure())
+}
+
+/// How a tool ended.
+struct Finished {
+    program: String,
+    status: std::process::ExitStatus,
+    reason: String,
+}
+
+impl Finished {
+    fn code(&self) -> Option<i32> {
+        self.status.code()
+    }
+
+    fn failure(&self) -> anyhow::Error {
+        anyhow::anyhow!("{} failed ({}): {}", self.program, self.status, self.reason)
+    }
+}
+
+/// Runs a command made by [`tool_command`] to its end, whatever its exit
+/// status; only a command that could not be started is an error.
+fn finish(program: &str, mut command: Command) -> Result<Finished> {
     let output = command.output().map_err(|error| {
         let hint = if error.kind() == std::io::ErrorKind::NotFound {
             " (is it installed?)"
@@ -50,20 +79,13 @@ fn run_command(program: &str, mut command: Command, success: &[i32]) -> Result<(
         };
         anyhow::Error::new(error).context(format!("running {program}{hint}"))
     })?;
-    if !output
-        .status
-        .code()
-        .is_some_and(|code| success.contains(&code))
-    {
-        let stderr = String::from_utf8_lossy(&output.stderr);
-        let stdout = String::from_utf8_lossy(&output.stdout);
-        bail!(
-            "{program} failed ({}): {}",
-            output.status,
-            failure_reason(program, &stderr, &stdout)
-        );
-    }
-    Ok(())
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    Ok(Finished {
+        program: program.to_string(),
+        status: output.status,
+        reason: failure_reason(program, &stderr, &stdout),
+    })
 }
 
 /// The tools work on a volume under the caller's volume lock, which they
@@ -148,7 +170,7 @@ pub fn make_filesystem(
 }
 
 /// Grows an ext4 file system that is mounted (by a consumer) to fill its
-/// device: resize2fs asks the kernel, which grows it online.
+/// device: resize2fs asks the kernel, which grows it online (journaled).
 pub fn grow_mounted_ext4(device: &Path) -> Result<()> {
     run("resize2fs", [device.as_os_str()])
 }
@@ -157,34 +179,52 @@ pub fn grow_mounted_ext4(device: &Path) -> Result<()> {
 /// device or its backing file), to fill it. resize2fs insists on a fresh
 /// fsck first. Neither tool is atomic, so both run so that a kill or a
 /// crash at any point leaves something the next call repairs:
-/// - `UNIX_IO_FORCE_BOUNCE` makes e2fsprogs write the superblock whole, in
-///   one write; otherwise it rewrites only the changed fields, a few bytes
+/// - `UNIX_IO_FORCE_BOUNCE`: e2fsprogs (1.46.2 and later) then writes the
+///   superblock whole, in one write, as a side effect of its bounce-buffer
+///   I/O path. Otherwise it rewrites only the changed fields, a few bytes
 ///   at a time and the checksum last, and a kill in between leaves a
 ///   superblock that neither the kernel nor e2fsck opens (one-group file
 ///   systems have no backup superblock to fall back on);
-/// - the backing file carries the growing mark while the tools run
-///   (growing_mark.rs), so that an interrupted grow is repaired with
-///   `e2fsck -y` by the next one.
+/// - resize2fs runs under the growing mark (growing_mark.rs), so that the
+///   next grow repairs what an interrupted one left with `e2fsck -y`.
 pub fn grow_unmounted_ext4(target: &Path, backing: &File) -> Result<()> {
-    let interrupted = has_growing_mark(backing);
-    set_growing_mark(backing)?;
-    let answer = if interrupted { "-y" } else { "-p" };
-    let mut fsck = e2fsprogs_command("e2fsck");
-    fsck.args([OsString::from("-f"), answer.into(), target.into()]);
-    // Exit status 1 is e2fsck's "errors corrected"; 4 under -p "left
-    // uncorrected", which only an operator should settle.
-    run_command("e2fsck", fsck, &[0, 1]).map_err(|error| {
-        error.context(format!(
-            "the file system on {} needs a check that is not run unattended: `e2fsck -f {}` (if the volume was being grown, `e2fsck -f -y {}`), then resize again",
-            target.display(),
-            target.display(),
-            target.display()
-        ))
-    })?;
+    let last_mount = last_mount_time(target)?;
+    check_before_grow(target, interrupted_grow(backing, last_mount))?;
+    set_growing_mark(backing, last_mount)?;
     let mut resize = e2fsprogs_command("resize2fs");
     resize.arg(target);
     run_command("resize2fs", resize, &[0])?;
     clear_growing_mark(backing)
+}
+
+/// The fresh `e2fsck -f` resize2fs wants: `-p`, which repairs only what is
+/// safe unattended, and `-y` only for what our own interrupted grow left.
+fn check_before_grow(target: &Path, after_interrupted_grow: bool) -> Result<()> {
+    let fsck = |answer: &str| {
+        let mut command = e2fsprogs_command("e2fsck");
+        command.args([OsString::from("-f"), answer.into(), target.into()]);
+        finish("e2fsck", command)
+    };
+    // Exit status 1 is "errors corrected", 4 "errors left uncorrected".
+    let preen = fsck("-p")?;
+    match preen.code() {
+        Some(0 | 1) => Ok(()),
+        Some(4) if after_interrupted_grow => {
+            let repaired = fsck("-y")?;
+            if matches!(repaired.code(), Some(0 | 1)) {
+                return Ok(());
+            }
+            Err(repaired.failure().context(format!(
+                "repairing what an interrupted grow left on {}",
+                target.display()
+            )))
+        }
+        Some(4) => Err(preen.failure().context(format!(
+            "the file system on {t} has damage that is not repaired unattended; check it with `e2fsck -f {t}`, then resize again",
+            t = target.display()
+        ))),
+        _ => Err(preen.failure()),
+    }
 }
 
 /// A command for an e2fsprogs tool that writes superblocks whole.
@@ -209,9 +249,10 @@ pub fn grow_unmounted_xfs(device: &Path, mount_point: &Path) -> Result<()> {
     command.arg(mount_point);
     private_mount::mount_before_exec(&mut command, device, mount_point, "xfs")
         .with_context(|| format!("preparing to mount {} to grow it", device.display()))?;
+    // A failed unshare or mount fails the start of xfs_growfs.
     run_command("xfs_growfs", command, &[0]).with_context(|| {
         format!(
-            "growing {} mounted in a private mount namespace",
+            "mounting {} in a private mount namespace and growing it there",
             device.display()
         )
     })

@@ -17,6 +17,7 @@ use super::detach::detach_device;
 use crate::backing::open_backing_file;
 use crate::capacity;
 use crate::crashpoint;
+use crate::growing_mark::clear_growing_mark;
 use crate::inuse::mounts_of_loop;
 use crate::loopdev::{self, BindOptions, LoopDevice};
 use crate::mkfs::{grow_mounted_ext4, grow_mounted_xfs, grow_unmounted_ext4, grow_unmounted_xfs};
@@ -174,7 +175,11 @@ fn grow_filesystem(
     let mounted =
         attached.and_then(|n| mounts_of_loop(n).into_iter().next().map(|(_, point)| point));
     match (fs_type, attached, mounted) {
-        (FsType::Ext4, Some(number), Some(_)) => grow_mounted_ext4(&LoopDevice::path_of(number)),
+        (FsType::Ext4, Some(number), Some(_)) => {
+            grow_mounted_ext4(&LoopDevice::path_of(number))?;
+            // The kernel grew it whole: an old mark vouches for nothing now.
+            clear_growing_mark(file)
+        }
         (FsType::Ext4, Some(number), None) => {
             grow_unmounted_ext4(&LoopDevice::path_of(number), file)
         }
