@@ -1,10 +1,16 @@
-//! Puts the planned files and links into the output directory, each one
-//! whole or not at all: it is made under a temporary name and renamed into
-//! place, so systemd never reads half a drop-in. No fsync: the output lives
-//! on /run (tmpfs) and is made anew at every boot and daemon-reload.
+//! Puts the planned files and links into the output directory. systemd
+//! hands a generator empty directories and reads nothing of them before it
+//! exits, so each output is made in place, in one step: a file is created
+//! (`O_EXCL`) and written with one write, a link made; each directory is
+//! made once. Only a repeated run (by hand, tests) finds outputs already
+//! there, and those are replaced whole through a temporary name. A file
+//! that cannot be written completely is removed, so systemd never reads
+//! half a drop-in. No fsync: the output lives on /run (tmpfs) and is made
+//! anew at every boot and daemon-reload.
 
-use std::fs;
-use std::io;
+use std::collections::HashSet;
+use std::fs::{self, OpenOptions};
+use std::io::{self, Write};
 use std::os::unix::fs::symlink;
 use std::path::Path;
 
@@ -13,26 +19,45 @@ use anyhow::{Context, Result};
 use crate::units::{Output, Outputs};
 
 pub fn write_all(dir: &Path, outputs: &Outputs) -> Result<()> {
+    let mut made_directories = HashSet::new();
     for (relative, output) in outputs {
         let path = dir.join(relative);
         if let Some(parent) = path.parent() {
-            fs::create_dir_all(parent)
-                .with_context(|| format!("creating directory {}", parent.display()))?;
+            if !made_directories.contains(parent) {
+                fs::create_dir_all(parent)
+                    .with_context(|| format!("creating directory {}", parent.display()))?;
+                made_directories.insert(parent.to_path_buf());
+            }
         }
         match output {
-            Output::File(text) => replace(&path, |temp| fs::write(temp, text))
+            Output::File(text) => make(&path, |at| write_new(at, text))
                 .with_context(|| format!("writing {}", path.display()))?,
-            Output::Symlink(target) => replace(&path, |temp| symlink(target, temp))
+            Output::Symlink(target) => make(&path, |at| symlink(target, at))
                 .with_context(|| format!("linking {} to {}", path.display(), target.display()))?,
         }
     }
     Ok(())
 }
 
+/// Makes `path` with `make`, which must fail if something is already there.
+fn make(path: &Path, make: impl Fn(&Path) -> io::Result<()>) -> io::Result<()> {
+    match make(path) {
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => replace(path, make),
+        other => other,
+    }
+}
+
+/// A new file holding `text`, or none.
+fn write_new(path: &Path, text: &str) -> io::Result<()> {
+    let mut file = OpenOptions::new().write(true).create_new(true).open(path)?;
+    file.write_all(text.as_bytes()).inspect_err(|_| {
+        let _ = fs::remove_file(path);
+    })
+}
+
 /// Makes `path` with `make` under a temporary name, then renames it over
-/// whatever is there (systemd hands generators empty directories, but a
-/// run by hand may repeat itself).
-fn replace(path: &Path, make: impl FnOnce(&Path) -> io::Result<()>) -> io::Result<()> {
+/// what is there.
+fn replace(path: &Path, make: impl Fn(&Path) -> io::Result<()>) -> io::Result<()> {
     let name = path.file_name().unwrap_or_default().to_string_lossy();
     let temp = path.with_file_name(format!(".{name}.tmp"));
     match fs::remove_file(&temp) {
@@ -78,6 +103,27 @@ mod tests {
             .map(|e| e.unwrap().file_name())
             .collect();
         assert_eq!(names, ["b.service"], "no temporary file is left behind");
+    }
+
+    #[test]
+    fn a_repeated_run_replaces_what_is_there() {
+        let dir = tempfile::tempdir().unwrap();
+        let drop_in = PathBuf::from("b.service.d/x.conf");
+        let link = PathBuf::from("a.target.wants/b.service");
+        for (text, target) in [("[Unit]\n", "/old"), ("[Service]\n", "/new")] {
+            let mut outputs = Outputs::new();
+            outputs.insert(drop_in.clone(), Output::File(text.into()));
+            outputs.insert(link.clone(), Output::Symlink(PathBuf::from(target)));
+            write_all(dir.path(), &outputs).unwrap();
+        }
+        assert_eq!(
+            fs::read_to_string(dir.path().join(&drop_in)).unwrap(),
+            "[Service]\n"
+        );
+        assert_eq!(
+            fs::read_link(dir.path().join(&link)).unwrap(),
+            PathBuf::from("/new")
+        );
     }
 
     #[test]

@@ -106,8 +106,11 @@ pub fn read(file: &Path) -> io::Result<Contents> {
             refused: Some("refused: not a regular file".to_string()),
         });
     }
-    let mut bytes = Vec::new();
-    handle.read_to_end(&mut bytes)?;
+    // Sized from the metadata in hand, and read through `Take`, which does
+    // not ask the file for its size and position again (the generator
+    // reads thousands of these at every boot).
+    let mut bytes = Vec::with_capacity(usize::try_from(meta.len()).unwrap_or(0).saturating_add(1));
+    (&mut handle).take(u64::MAX).read_to_end(&mut bytes)?;
     Ok(Contents {
         bytes,
         refused: untrusted(file, &meta).map(|reason| format!("refused: {reason}")),
