@@ -22,11 +22,11 @@ pub fn write_all(dir: &Path, outputs: &Outputs) -> Result<()> {
     let mut made_directories = HashSet::new();
     for (relative, output) in outputs {
         let path = dir.join(relative);
-        if let Some(parent) = path.parent() {
-            if !made_directories.contains(parent) {
-                fs::create_dir_all(parent)
+        if let Some((parent, _)) = relative.rsplit_once('/') {
+            if made_directories.insert(parent) {
+                let parent = dir.join(parent);
+                fs::create_dir_all(&parent)
                     .with_context(|| format!("creating directory {}", parent.display()))?;
-                made_directories.insert(parent.to_path_buf());
             }
         }
         match output {
@@ -80,11 +80,11 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let mut outputs = Outputs::new();
         outputs.insert(
-            PathBuf::from("a.target.wants/b.service"),
+            "a.target.wants/b.service".to_string(),
             Output::Symlink(PathBuf::from("/usr/lib/systemd/system/b.service")),
         );
         outputs.insert(
-            PathBuf::from("b.service.d/x.conf"),
+            "b.service.d/x.conf".to_string(),
             Output::File("[Unit]\n".into()),
         );
         for _ in 0..2 {
@@ -108,8 +108,8 @@ mod tests {
     #[test]
     fn a_repeated_run_replaces_what_is_there() {
         let dir = tempfile::tempdir().unwrap();
-        let drop_in = PathBuf::from("b.service.d/x.conf");
-        let link = PathBuf::from("a.target.wants/b.service");
+        let drop_in = "b.service.d/x.conf".to_string();
+        let link = "a.target.wants/b.service".to_string();
         for (text, target) in [("[Unit]\n", "/old"), ("[Service]\n", "/new")] {
             let mut outputs = Outputs::new();
             outputs.insert(drop_in.clone(), Output::File(text.into()));
@@ -132,7 +132,7 @@ mod tests {
         let not_a_dir = dir.path().join("file");
         fs::write(&not_a_dir, "").unwrap();
         let mut outputs = Outputs::new();
-        outputs.insert(PathBuf::from("x.d/y.conf"), Output::File(String::new()));
+        outputs.insert("x.d/y.conf".to_string(), Output::File(String::new()));
         let err = write_all(&not_a_dir, &outputs).unwrap_err();
         assert!(format!("{err:#}").contains("creating directory"), "{err:#}");
     }

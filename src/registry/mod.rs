@@ -128,7 +128,9 @@ impl Registry {
                 files.push(item.path());
             }
         }
-        files.sort();
+        // By bytes: the same order as by path components (one directory,
+        // names without slashes), at a fraction of the cost.
+        files.sort_by(|a, b| a.as_os_str().cmp(b.as_os_str()));
         Ok(files
             .into_iter()
             .filter_map(|file| self.read_entry(file))
