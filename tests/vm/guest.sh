@@ -11,7 +11,8 @@
 #   guest.sh prepare-boot N   boot 2: an unknown key in a volume file, a
 #                             config.toml that does not parse, two volumes
 #                             skipped; boot 3: an unknown key in the fresh
-#                             config.toml; boot 4: sparse_volume=off
+#                             config.toml; boot 4: sparse_volume=off;
+#                             boot 5: the generator removed (negative control)
 #   guest.sh restore-config   the good config.toml and volume file again
 #   guest.sh systemd          enable/disable/start/stop against real systemd
 #   guest.sh detach-by-link   detach a partition's parent found by udev link
@@ -259,14 +260,6 @@ EOF
     grep -q "^size = $((128 << 20))$" "/etc/sparse-volume/volumes.d/$ext4.toml" || fail "resize not recorded"
     log "online resize of the mounted ext4: ${before} -> ${after} MiB"
 
-    if [[ ${SV_VM_BREAK:-} == generator ]]; then
-        log "breaking the product on purpose: removing the generator"
-        rm -f /usr/lib/systemd/system-generators/sparse-volume-generator
-        # The devices will never come: let the boot give up on them after
-        # 15 s instead of systemd's 90: the negative control is over sooner.
-        sed -i -e "s|^\(UUID=$ext4 /srv/consumer ext4 defaults\)|\1,x-systemd.device-timeout=15s|" \
-            -e "s|^\(PARTUUID=$block /srv/block ext4 defaults\)|\1,x-systemd.device-timeout=15s|" /etc/fstab
-    fi
     # list shows every volume and exits 1 because of the corrupt file.
     if $CLI list; then fail "list did not report the corrupt registry file"; fi
 }
@@ -908,6 +901,19 @@ prepare_boot() {
         sed -i '/^overcommit = 2.0$/d' "$CONFIG"
         echo "sparse_volume=off" >"$BOOT_SWITCH"
         log "boot 4 starts with sparse_volume=off on the kernel command line"
+        ;;
+    5)
+        # The negative control (scenario.sh, SV_VM_NEGATIVE_CONTROL=1): the
+        # generator removed, and the two fstab consumers required again,
+        # giving up on their devices after 15 s instead of systemd's 90.
+        # The devices never come, so this boot must go to emergency mode.
+        log "breaking the product on purpose: removing the generator"
+        rm -f /usr/lib/systemd/system-generators/sparse-volume-generator
+        sed -i -e "s|^\(UUID=$EXT4 /srv/consumer ext4 defaults\),nofail,x-systemd.device-timeout=5s|\1,x-systemd.device-timeout=15s|" \
+            -e "s|^\(PARTUUID=$BLOCK /srv/block ext4 defaults\),nofail,x-systemd.device-timeout=5s|\1,x-systemd.device-timeout=15s|" /etc/fstab
+        [[ $(grep -c 'defaults,x-systemd.device-timeout=15s' /etc/fstab) == 2 ]] ||
+            fail "prepare-boot 5: the two fstab consumers were not made required with a 15 s device timeout: $(cat /etc/fstab)"
+        rm -f "$BOOT_SWITCH"
         ;;
     *) fail "prepare-boot: no boot $boot" ;;
     esac
