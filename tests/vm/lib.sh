@@ -59,7 +59,7 @@ vm_serial_tail() {
     [[ -n $file && -s $file ]] || return 0
     vm_log "last $lines lines of the serial console ($file):"
     tail -n "$lines" "$file" | tr -d '\r' |
-        sed -e 's/\x1b\[[0-9;]*m//g' -e 's/^/    | /' | awk 1 >&2
+        sed -e 's/\x1b\[[0-9;:]*m//g' -e 's/^/    | /' | awk 1 >&2
 }
 
 vm__fail() {
@@ -358,7 +358,7 @@ vm__serial_boots() {
 
 # The serial console since the last kernel started, without colours.
 vm__serial_this_boot() {
-    tr -d '\r' <"$SV_VM_RUN/serial.log" 2>/dev/null | sed -e 's/\x1b\[[0-9;]*m//g' |
+    tr -d '\r' <"$SV_VM_RUN/serial.log" 2>/dev/null | sed -e 's/\x1b\[[0-9;:]*m//g' |
         awk '/Linux version/ { n = 0 } { line[n++] = $0 } END { for (i = 0; i < n; i++) print line[i] }'
 }
 

@@ -1,0 +1,105 @@
+#!/usr/bin/env python3
+"""Set-up helpers for bench/run (standard library only).
+
+  fixtures.py registry ROOT FSTAB N   N enabled ext4 volume files under
+                                        ROOT and an fstab with the same N
+                                        UUIDs, for the generator comparison
+  fixtures.py snapshot FILE           the loop device numbers that exist
+  fixtures.py add-unbound N           loop device nodes until N unbound
+                                        ones exist (LOOP_CTL_ADD)
+  fixtures.py remove-new FILE         removes the unbound nodes that were
+                                        not in the snapshot (LOOP_CTL_REMOVE)
+"""
+
+import fcntl
+import os
+import sys
+import uuid
+
+LOOP_CTL_ADD = 0x4C80
+LOOP_CTL_REMOVE = 0x4C81
+
+
+def registry(root, fstab, count):
+    volumes = os.path.join(root, "etc/sparse-volume/volumes.d")
+    os.makedirs(volumes, exist_ok=True)
+    with open(fstab, "w") as table:
+        for index in range(count):
+            volume = str(uuid.uuid4())
+            with open(os.path.join(volumes, volume + ".toml"), "w") as entry:
+                entry.write(
+                    f'uuid = "{volume}"\n'
+                    f'path = "/var/lib/sparse-volume/{volume}"\n'
+                    "size = 1073741824\n"
+                    'mode = "filesystem"\n'
+                    'fs_type = "ext4"\n'
+                    "enabled = true\n"
+                )
+            table.write(f"UUID={volume} /srv/volume{index} ext4 defaults 0 2\n")
+
+
+def loop_numbers():
+    """Every loop device the kernel has, bound or not."""
+    numbers = set()
+    for name in os.listdir("/sys/block"):
+        if name.startswith("loop") and name[4:].isdigit():
+            numbers.add(int(name[4:]))
+    return numbers
+
+
+def is_bound(number):
+    return os.path.isdir(f"/sys/block/loop{number}/loop")
+
+
+def snapshot(path):
+    with open(path, "w") as out:
+        out.write("\n".join(str(n) for n in sorted(loop_numbers())) + "\n")
+
+
+def add_unbound(wanted):
+    existing = loop_numbers()
+    unbound = sum(1 for n in existing if not is_bound(n))
+    control = os.open("/dev/loop-control", os.O_RDWR)
+    try:
+        number = 0
+        while unbound < wanted:
+            while number in existing:
+                number += 1
+            fcntl.ioctl(control, LOOP_CTL_ADD, number)
+            existing.add(number)
+            unbound += 1
+    finally:
+        os.close(control)
+
+
+def remove_new(path):
+    with open(path) as listing:
+        before = {int(line) for line in listing if line.strip()}
+    control = os.open("/dev/loop-control", os.O_RDWR)
+    try:
+        for number in sorted(loop_numbers() - before):
+            if not is_bound(number):
+                try:
+                    fcntl.ioctl(control, LOOP_CTL_REMOVE, number)
+                except OSError:
+                    pass  # open by someone: left as it is
+    finally:
+        os.close(control)
+
+
+def main(argv):
+    command = argv[1] if len(argv) > 1 else ""
+    if command == "registry" and len(argv) == 5:
+        registry(argv[2], argv[3], int(argv[4]))
+    elif command == "snapshot" and len(argv) == 3:
+        snapshot(argv[2])
+    elif command == "add-unbound" and len(argv) == 3:
+        add_unbound(int(argv[2]))
+    elif command == "remove-new" and len(argv) == 3:
+        remove_new(argv[2])
+    else:
+        sys.exit(__doc__)
+
+
+if __name__ == "__main__":
+    main(sys.argv)
