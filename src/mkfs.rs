@@ -21,18 +21,9 @@ where
     I: IntoIterator<Item = S>,
     S: Into<OsString>,
 {
-    run_accepting(program, args, &[0])
-}
-
-/// [`run`] for a tool with more than one exit status that means success.
-fn run_accepting<I, S>(program: &str, args: I, success: &[i32]) -> Result<()>
-where
-    I: IntoIterator<Item = S>,
-    S: Into<OsString>,
-{
     let mut command = tool_command(program);
     command.args(args.into_iter().map(Into::into));
-    run_command(program, command, success)
+    run_command(program, command, &[0])
 }
 
 /// A command for `program` that dies with its caller.
