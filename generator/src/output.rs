@@ -1,12 +1,12 @@
 //! Puts the planned files and links into the output directory. systemd
 //! hands a generator empty directories and reads nothing of them before it
-//! exits, so each output is made in place, in one step: a file is created
-//! (`O_EXCL`) and written with one write, a link made; each directory is
-//! made once. Only a repeated run (by hand, tests) finds outputs already
-//! there, and those are replaced whole through a temporary name. A file
-//! that cannot be written completely is removed, so systemd never reads
-//! half a drop-in. No fsync: the output lives on /run (tmpfs) and is made
-//! anew at every boot and daemon-reload.
+//! exits, but a generator killed part way still leaves what it wrote: a
+//! link is made in one step, a file is created under a temporary name
+//! (`O_EXCL`), written with one write and renamed; each directory is made
+//! once. Only a repeated run (by hand, tests) finds outputs already there,
+//! and those are replaced whole. systemd never reads half a drop-in. No
+//! fsync: the output lives on /run (tmpfs) and is made anew at every boot
+//! and daemon-reload.
 
 use std::collections::HashSet;
 use std::fs::{self, OpenOptions};
@@ -30,8 +30,9 @@ pub fn write_all(dir: &Path, outputs: &Outputs) -> Result<()> {
             }
         }
         match output {
-            Output::File(text) => make(&path, |at| write_new(at, text))
-                .with_context(|| format!("writing {}", path.display()))?,
+            Output::File(text) => {
+                write_whole(&path, text).with_context(|| format!("writing {}", path.display()))?
+            }
             Output::Symlink(target) => make(&path, |at| symlink(target, at))
                 .with_context(|| format!("linking {} to {}", path.display(), target.display()))?,
         }
@@ -47,6 +48,27 @@ fn make(path: &Path, make: impl Fn(&Path) -> io::Result<()>) -> io::Result<()> {
     }
 }
 
+/// A file appears under its name only whole: written under a temporary
+/// name, then renamed (a generator killed between its create and its
+/// write would otherwise leave an empty drop-in that systemd reads).
+fn write_whole(path: &Path, text: &str) -> io::Result<()> {
+    let temp = temporary_name(path);
+    match write_new(&temp, text) {
+        Ok(()) => fs::rename(&temp, path).inspect_err(|_| {
+            let _ = fs::remove_file(&temp);
+        }),
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
+            replace(path, |at| write_new(at, text))
+        }
+        Err(e) => Err(e),
+    }
+}
+
+fn temporary_name(path: &Path) -> std::path::PathBuf {
+    let name = path.file_name().unwrap_or_default().to_string_lossy();
+    path.with_file_name(format!(".{name}.tmp"))
+}
+
 /// A new file holding `text`, or none.
 fn write_new(path: &Path, text: &str) -> io::Result<()> {
     let mut file = OpenOptions::new().write(true).create_new(true).open(path)?;
@@ -58,8 +80,7 @@ fn write_new(path: &Path, text: &str) -> io::Result<()> {
 /// Makes `path` with `make` under a temporary name, then renames it over
 /// what is there.
 fn replace(path: &Path, make: impl Fn(&Path) -> io::Result<()>) -> io::Result<()> {
-    let name = path.file_name().unwrap_or_default().to_string_lossy();
-    let temp = path.with_file_name(format!(".{name}.tmp"));
+    let temp = temporary_name(path);
     match fs::remove_file(&temp) {
         Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
         _ => {}

@@ -76,6 +76,10 @@ pub fn in_refused_directory(file: &Path, directory: &RegistryError) -> RegistryE
 /// the file it opened (not the path, which could change in between).
 /// A refused regular file is still read: what it names is somebody's
 /// data even when the entry is not trusted.
+/// Far above any real volume or config file (a few hundred bytes), and
+/// above the 10 MiB files the bad-input corpus feeds in.
+const MAX_REGISTRY_FILE_BYTES: u64 = 64 << 20;
+
 pub fn read(file: &Path) -> io::Result<Contents> {
     let opened = OpenOptions::new()
         .read(true)
@@ -106,11 +110,21 @@ pub fn read(file: &Path) -> io::Result<Contents> {
             refused: Some("refused: not a regular file".to_string()),
         });
     }
-    // Sized from the metadata in hand, and read through `Take`, which does
-    // not ask the file for its size and position again (the generator
-    // reads thousands of these at every boot).
-    let mut bytes = Vec::with_capacity(usize::try_from(meta.len()).unwrap_or(0).saturating_add(1));
-    (&mut handle).take(u64::MAX).read_to_end(&mut bytes)?;
+    // Read through `Take`, which does not ask the file for its size and
+    // position again (the generator reads thousands of these at every
+    // boot), sized from the metadata in hand but never past the cap: a
+    // sparse 10 TB file must be one unreadable entry, not an aborted boot.
+    let capacity = meta.len().min(MAX_REGISTRY_FILE_BYTES) as usize + 1;
+    let mut bytes = Vec::with_capacity(capacity);
+    (&mut handle)
+        .take(MAX_REGISTRY_FILE_BYTES + 1)
+        .read_to_end(&mut bytes)?;
+    if bytes.len() as u64 > MAX_REGISTRY_FILE_BYTES {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("larger than {} MiB", MAX_REGISTRY_FILE_BYTES >> 20),
+        ));
+    }
     Ok(Contents {
         bytes,
         refused: untrusted(file, &meta).map(|reason| format!("refused: {reason}")),
@@ -121,6 +135,18 @@ pub fn read(file: &Path) -> io::Result<Contents> {
 mod tests {
     use super::*;
     use std::os::unix::fs::PermissionsExt;
+
+    #[test]
+    fn a_huge_sparse_file_is_an_error_not_an_abort() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("huge.toml");
+        std::fs::File::create(&file)
+            .unwrap()
+            .set_len(1 << 40)
+            .unwrap();
+        let error = read(&file).err().expect("a 1 TiB file was read");
+        assert_eq!(error.kind(), io::ErrorKind::InvalidData, "{error}");
+    }
 
     #[test]
     fn group_or_world_writable_files_are_refused_with_the_fix() {
