@@ -21,7 +21,7 @@ const MIB: u64 = 1 << 20;
 const NO_BUS: &str = "unix:path=/nonexistent";
 
 /// Every point this test drives, with the operation that reaches it.
-const POINTS: [&str; 9] = [
+const POINTS: [&str; 10] = [
     "create:after-allocate",
     "create:after-format",
     "create:before-rename",
@@ -29,6 +29,7 @@ const POINTS: [&str; 9] = [
     "create:before-unmark",
     "resize:after-file",
     "resize:before-registry",
+    "resize:xfs-device-bound",
     "remove:after-detach",
     "remove:before-registry",
 ];
@@ -279,6 +280,59 @@ fn crash_resize(fx: &Fixture, point: &str) -> Seen {
     seen
 }
 
+/// A detached xfs volume grows through a loop device of its own for the
+/// grow: killed while that device is bound, nothing may keep the file
+/// attached (a later attach would adopt that device, without direct I/O).
+fn crash_resize_xfs(fx: &Fixture, point: &str) -> Seen {
+    let uuid = new_uuid();
+    run_ok(
+        fx,
+        &["create", "--size", "320M", "--fs", "xfs", "--uuid", &uuid],
+    );
+    let path = fx.backing(&uuid);
+    let args = ["resize", &uuid, "--size", "400M"];
+    crash(fx, point, &args);
+    assert_eq!(
+        loops_of(&path),
+        Vec::<String>::new(),
+        "{point}: the grow's loop device outlived the killed resize"
+    );
+    assert_eq!(registered_size(fx, &uuid), 320 * MIB, "{point}");
+    let seen = check_and_repair(fx);
+    assert_eq!(
+        seen.after_repair,
+        ["size-mismatch"],
+        "{point}: after repair"
+    );
+    let again = run_ok(fx, &[&args[..], &["--json"]].concat()).json();
+    assert_eq!(again["size"], 400 * MIB, "{point}");
+    assert_eq!(registered_size(fx, &uuid), 400 * MIB, "{point}");
+    // The repair attached the volume (enabled, so meant to be attached):
+    // one device, the volume's own.
+    assert_eq!(loops_of(&path).len(), 1, "{point}");
+    let blocks: u64 = tool(
+        "xfs_db",
+        &[
+            "-r",
+            "-c",
+            "sb 0",
+            "-c",
+            "print dblocks",
+            path.to_str().expect("UTF-8 path"),
+        ],
+    )
+    .trim()
+    .trim_start_matches("dblocks = ")
+    .parse()
+    .expect("xfs_db prints dblocks");
+    assert!(
+        blocks * 4096 > 390 * MIB,
+        "{point}: xfs not grown: {blocks} blocks"
+    );
+    assert_clean(fx, point);
+    seen
+}
+
 fn crash_remove(fx: &Fixture, point: &str) -> Seen {
     let uuid = new_uuid();
     run_ok(fx, &["create", "--size", "32M", "--uuid", &uuid]);
@@ -328,6 +382,7 @@ fn every_crash_point_is_repaired_and_the_operation_completes_when_repeated() {
     for point in POINTS {
         let fx = Fixture::new();
         let seen = match point.split(':').next() {
+            _ if point == "resize:xfs-device-bound" => crash_resize_xfs(&fx, point),
             Some("create") => crash_create(&fx, point),
             Some("resize") => crash_resize(&fx, point),
             Some("remove") => crash_remove(&fx, point),

@@ -375,6 +375,35 @@ pub fn cancel_pending_detach(number: u32, backing: &File) -> Result<LoopStatus> 
     })
 }
 
+/// The opposite of `cancel_pending_detach`, for a device bound for one job
+/// only: with autoclear set, the kernel releases the device at its last
+/// close, so a kill of this process cannot leave the file attached. The
+/// returned descriptor keeps the device bound until it is dropped.
+pub fn release_at_last_close(number: u32, backing: &File) -> Result<LoopDevice> {
+    let holder = LoopDevice::open(number, false)?;
+    let device = LoopDevice::open(number, false)?.lock()?;
+    let meta = backing.metadata().context("inspecting the backing file")?;
+    let ours = |info: &LoopInfo64| LoopStatus::from(*info).is_backed_by(meta.dev(), meta.ino());
+    let mut info = device
+        .raw_status()
+        .ok()
+        .filter(ours)
+        .with_context(|| format!("{} was released early", device.path().display()))?;
+    info.lo_flags |= LO_FLAGS_AUTOCLEAR;
+    device
+        .set_status(&info)
+        .and_then(|()| device.raw_status())
+        .ok()
+        .filter(|info| ours(info) && info.lo_flags & LO_FLAGS_AUTOCLEAR != 0)
+        .with_context(|| {
+            format!(
+                "{} did not take the autoclear flag",
+                device.path().display()
+            )
+        })?;
+    Ok(holder)
+}
+
 /// Randomised, growing pause so that racing allocators spread out.
 fn back_off(attempt: u32) {
     let jitter = std::time::SystemTime::now()

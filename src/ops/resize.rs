@@ -199,7 +199,13 @@ fn grow_filesystem(
                     discard: !volume.preallocated,
                 },
             )?;
-            let grown = grow_xfs_privately_mounted(root, bound.number);
+            // Killed from here on, this process must not leave the file
+            // attached: the last close (ours, or that of the grow's
+            // private mount) releases the device.
+            let grown = loopdev::release_at_last_close(bound.number, file).and_then(|_holder| {
+                crashpoint::here("resize:xfs-device-bound");
+                grow_xfs_privately_mounted(root, bound.number)
+            });
             let detached = detach_device(bound.number, bound.status.backing());
             grown.and(detached)
         }
