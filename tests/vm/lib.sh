@@ -368,6 +368,33 @@ vm__serial_emergency() {
     vm__serial_this_boot | grep -q 'You are in emergency mode'
 }
 
+# True when the running boot's kernel panicked: nothing will answer again.
+vm__serial_panicked() {
+    vm__serial_this_boot | grep -q 'Kernel panic - not syncing'
+}
+
+# True when a kernel of this run (any boot, any qemu) panicked.
+vm_guest_panicked() {
+    cat -- "$SV_VM_RUN"/serial.log* 2>/dev/null | grep -q 'Kernel panic - not syncing'
+}
+
+# vm_serial_oops: every kernel oops of this run, whole (from its first line
+# to the panic or the end of its trace), for the log: the last lines of the
+# console alone miss where a trace starts and what it is.
+vm_serial_oops() {
+    local file
+    for file in "$SV_VM_RUN"/serial.log.* "$SV_VM_RUN"/serial.log; do
+        [[ -s $file ]] || continue
+        tr -d '\r' <"$file" | sed -e 's/\x1b\[[0-9;:]*m//g' | awk -v file="${file##*/}" '
+            /BUG:|Oops:|general protection fault|kernel BUG at|Unable to handle|WARNING: CPU:|Kernel panic - not syncing/ && !inside {
+                inside = 1; warning = /WARNING: CPU:/; printed = 0; print "    | --- " file
+            }
+            inside && printed++ < 250 { print "    | " $0 }
+            inside && (/end Kernel panic/ || (warning && /end trace/)) { inside = 0 }
+        ' >&2
+    done
+}
+
 # vm__wait_ssh TIMEOUT [OLD_BOOT_ID]: waits until SSH answers (with a
 # boot_id other than OLD_BOOT_ID, if given), and leaves the boot_id in
 # VM__BOOT_ID. Fails early if qemu exits. While waiting for a reboot, logs
@@ -386,6 +413,10 @@ vm__wait_ssh() {
             vm_log "the guest went to emergency mode (no SSH there); this boot's failures on the console:"
             vm__serial_this_boot | grep -E 'Timed out|Dependency failed|FAILED' |
                 sed 's/^/    | /' >&2 || true
+            return 1
+        fi
+        if vm__serial_panicked; then
+            vm_log "the guest kernel panicked (the oops is printed when the run ends)"
             return 1
         fi
         if id=$(vm__try_boot_id) && [[ -n $id && $id != "$old" ]]; then

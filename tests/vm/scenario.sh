@@ -28,6 +28,7 @@
 # (tests/run sets it for the last guest; it costs one boot).
 # SV_VM_QUICK=1 runs only setup, unit-states and the boots with the
 # emergency switches (for work on those steps; not a test run).
+# Exit status 75: the guest's kernel panicked (the oops is printed).
 # SV_VM_SOFT=1 logs a failed check and goes on (a phase that fails outright
 # is logged too), then lists every failure and exits 1: for seeing at once
 # everything a build gets wrong.
@@ -41,7 +42,20 @@ target=${target:-$PWD/target}
 
 # shellcheck source=tests/vm/lib.sh
 . tests/vm/lib.sh
-trap vm_cleanup EXIT
+# A guest kernel that panicked is reported with its whole oops and exit
+# status 75, so tests/run can tell it from a failed check and run that guest
+# once more (a second panic fails the run).
+on_exit() {
+    local rc=$?
+    if ((rc != 0)) && vm_guest_panicked; then
+        vm_log "the guest kernel panicked in this run; its oops from the serial console:"
+        vm_serial_oops
+        rc=75
+    fi
+    vm_cleanup || true
+    exit "$rc"
+}
+trap on_exit EXIT
 
 packages=$target/packages
 newest_deb() { ls -t "$packages"/sparse-volume_*_amd64.deb 2>/dev/null | head -n 1; }
