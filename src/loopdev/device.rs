@@ -315,9 +315,37 @@ impl LockedLoopDevice {
 }
 
 /// Numbers of the loop devices that currently have a backing file.
-/// sysfs shows `loopN/loop/` only while a device is bound, which avoids
-/// opening every idle device node.
+/// `/proc/partitions` lists only block devices with a capacity, so one read
+/// skips every idle node, however many a long-lived node has collected
+/// (a bound device has a capacity unless its file is empty or its offset
+/// lies past the end, and such a device has no data to guard). Where it
+/// cannot be read, sysfs shows `loopN/loop/` only while a device is bound.
 pub fn bound_devices() -> Result<Vec<u32>> {
+    match std::fs::read_to_string("/proc/partitions") {
+        Ok(text) => Ok(loops_with_capacity(&text)),
+        Err(_) => bound_devices_in_sysfs(),
+    }
+}
+
+/// The whole loop devices (`loopN`, not their partitions) in the text of
+/// `/proc/partitions`, sorted.
+fn loops_with_capacity(partitions: &str) -> Vec<u32> {
+    let mut numbers: Vec<u32> = partitions
+        .lines()
+        .filter_map(|line| {
+            line.split_whitespace()
+                .nth(3)?
+                .strip_prefix("loop")?
+                .parse()
+                .ok()
+        })
+        .collect();
+    numbers.sort_unstable();
+    numbers.dedup();
+    numbers
+}
+
+fn bound_devices_in_sysfs() -> Result<Vec<u32>> {
     let mut numbers = Vec::new();
     let listing = std::fs::read_dir("/sys/block").context("listing /sys/block")?;
     for entry in listing {
@@ -398,4 +426,24 @@ pub fn devices_of_file(host_path: &Path) -> Result<Vec<u32>> {
                 .is_ok_and(|text| Path::new(text.trim_end_matches('\n')) == wanted)
         })
         .collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn whole_loop_devices_are_read_from_proc_partitions() {
+        let text = "major minor  #blocks  name\n\n 259        0  104857600 nvme0n1\n 259        1     524288 nvme0n1p1\n   7       12      32768 loop12\n 259        3      31744 loop12p1\n   7        0     327680 loop0\n   7        8       1024 loop8\n";
+        assert_eq!(loops_with_capacity(text), vec![0, 8, 12]);
+    }
+
+    #[test]
+    fn no_loop_device_in_an_empty_listing() {
+        assert_eq!(
+            loops_with_capacity("major minor  #blocks  name\n\n"),
+            Vec::<u32>::new()
+        );
+        assert_eq!(loops_with_capacity(""), Vec::<u32>::new());
+    }
 }
