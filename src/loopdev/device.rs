@@ -1,6 +1,7 @@
 //! Safe handles on `/dev/loop-control` and `/dev/loopN`.
 
 use std::fs::{File, OpenOptions};
+use std::io::Read;
 use std::os::fd::{AsFd, BorrowedFd};
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
@@ -321,8 +322,11 @@ impl LockedLoopDevice {
 /// lies past the end, and such a device has no data to guard). Where it
 /// cannot be read, sysfs shows `loopN/loop/` only while a device is bound.
 pub fn bound_devices() -> Result<Vec<u32>> {
-    match std::fs::read_to_string("/proc/partitions") {
-        Ok(text) => Ok(loops_with_capacity(&text)),
+    // procfs reports no size, so a plain read_to_string starts with 32
+    // bytes and doubles: a dozen reads where a large buffer takes few.
+    let mut text = String::with_capacity(64 * 1024);
+    match File::open("/proc/partitions").and_then(|mut file| file.read_to_string(&mut text)) {
+        Ok(_) => Ok(loops_with_capacity(&text)),
         Err(_) => bound_devices_in_sysfs(),
     }
 }
