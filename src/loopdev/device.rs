@@ -316,19 +316,35 @@ impl LockedLoopDevice {
 }
 
 /// Numbers of the loop devices that currently have a backing file.
-/// `/proc/partitions` lists only block devices with a capacity, so one read
-/// skips every idle node, however many a long-lived node has collected
-/// (a bound device has a capacity unless its file is empty or its offset
-/// lies past the end, and such a device has no data to guard). Where it
-/// cannot be read, sysfs shows `loopN/loop/` only while a device is bound.
+/// sysfs shows `loopN/loop/` only while a device is bound, which costs a
+/// lookup per device node, bound or idle; a node that volumes came and
+/// went on keeps hundreds of idle ones. `/proc/partitions` lists only the
+/// devices with a capacity (a bound device has one unless its file is
+/// empty or its offset lies past the end: no data to guard), in one read
+/// when the listing is short.
 pub fn bound_devices() -> Result<Vec<u32>> {
-    // procfs reports no size, so a plain read_to_string starts with 32
-    // bytes and doubles: a dozen reads where a large buffer takes few.
-    let mut text = String::with_capacity(64 * 1024);
-    match File::open("/proc/partitions").and_then(|mut file| file.read_to_string(&mut text)) {
-        Ok(_) => Ok(loops_with_capacity(&text)),
-        Err(_) => bound_devices_in_sysfs(),
+    match loops_listed_in_one_read() {
+        Some(numbers) => Ok(numbers),
+        None => bound_devices_in_sysfs(),
     }
+}
+
+/// The loop devices of `/proc/partitions`, if one `read` returned the
+/// whole listing. One read is one pass over the disks; a listing that
+/// takes several is resumed by counting entries from the start, so a disk
+/// removed in between shifts the rest and a bound device would go
+/// unlisted. A listing without its header (masked by an empty file) is no
+/// answer either.
+fn loops_listed_in_one_read() -> Option<Vec<u32>> {
+    let mut file = File::open("/proc/partitions").ok()?;
+    let mut listing = vec![0; 64 * 1024];
+    let length = file.read(&mut listing).ok()?;
+    if file.read(&mut [0; 1]).ok()? != 0 {
+        return None;
+    }
+    let text = std::str::from_utf8(&listing[..length]).ok()?;
+    text.starts_with("major minor")
+        .then(|| loops_with_capacity(text))
 }
 
 /// The whole loop devices (`loopN`, not their partitions) in the text of
