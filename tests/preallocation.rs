@@ -237,6 +237,62 @@ fn growing_a_preallocated_volume_keeps_discards_off_and_allocates_the_new_space(
     fixture.run_ok(&["detach", &uuid]);
 }
 
+/// A detached xfs volume grows through a device of its own (xfs grows only
+/// mounted); a preallocated one's refuses discards, and its number must
+/// not keep that once the grow is done, whoever binds it next.
+#[test]
+fn growing_a_detached_preallocated_xfs_volume_leaves_no_discard_limit_behind() {
+    let fixture = Fixture::new();
+    let uuid = fixture
+        .run_ok(&[
+            "create",
+            "--size",
+            "320M",
+            "--fs",
+            "xfs",
+            "--preallocate",
+            "--json",
+        ])
+        .json()["uuid"]
+        .as_str()
+        .expect("create reports the uuid")
+        .to_string();
+    // Which number the grow bound, from the kernel's own answer.
+    let trace = fixture.host("/resize.strace");
+    let status = Command::new("strace")
+        .args(["-f", "-e", "trace=ioctl", "-e", "signal=none", "-o"])
+        .arg(&trace)
+        .arg(env!("CARGO_BIN_EXE_sparse-volume"))
+        .args(["resize", &uuid, "--size", "400M"])
+        .env("SPARSE_VOLUME_ROOT", fixture.host("/"))
+        .env("DBUS_SYSTEM_BUS_ADDRESS", fixture.absent_bus())
+        .status()
+        .expect("running strace");
+    assert!(status.success(), "resize under strace failed");
+    let log = fs::read_to_string(&trace).expect("the strace log");
+    let number: u32 = log
+        .lines()
+        .filter(|line| line.contains("LOOP_CTL_GET_FREE"))
+        .find_map(|line| line.rsplit('=').next()?.trim().parse().ok())
+        .expect("resize asked /dev/loop-control for a free device");
+    let sys = PathBuf::from(format!("/sys/block/loop{number}"));
+    if !sys.exists() {
+        return; // deleted, so it comes back with the default limit
+    }
+    if sys.join("loop").exists() {
+        println!("loop{number} was taken by another test; skipping the check of its limit");
+        return;
+    }
+    let limit = discard_max(&format!("/dev/loop{number}"));
+    let hardware: u64 = sysfs_flag(&format!("/dev/loop{number}"), "queue/discard_max_hw_bytes")
+        .parse()
+        .expect("a number");
+    assert!(
+        limit > 0 || hardware == 0,
+        "loop{number}, released after the grow, kept the preallocated volume's discard limit (discard_max_bytes 0, hardware {hardware})"
+    );
+}
+
 fn findings_of_kind(fixture: &Fixture, args: &[&str], kind: &str) -> Vec<serde_json::Value> {
     let run = fixture.run(args);
     run.json()["findings"]

@@ -199,6 +199,9 @@ fn grow_filesystem(
                     discard: !volume.preallocated,
                 },
             )?;
+            // Read while bound: a preallocated volume's device refuses
+            // discards, and the number must not keep that once released.
+            let discard_limits = loopdev::DiscardLimits::of(bound.number);
             // Killed from here on, this process must not leave the file
             // attached: the last close (ours, or that of the grow's
             // private mount) releases the device.
@@ -206,8 +209,11 @@ fn grow_filesystem(
                 crashpoint::here("resize:xfs-device-bound");
                 grow_xfs_privately_mounted(root, bound.number)
             });
+            // Usually the release came first and detach finds nothing
+            // left to do, nor to renew.
             let detached = detach_device(bound.number, bound.status.backing());
-            grown.and(detached)
+            let renewed = loopdev::renew_if_discards_left_off(bound.number, discard_limits);
+            grown.and(detached).and(renewed)
         }
     }
 }
