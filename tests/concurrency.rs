@@ -224,18 +224,86 @@ fn loop_devices_under(dir: &str) -> Vec<(String, String)> {
         .collect()
 }
 
-/// Backing files with more than one device: never allowed, not even for
-/// a moment.
-fn duplicates(devices: &[(String, String)]) -> Vec<String> {
-    let mut per_file: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
+/// The same, with the backing file's inode, for the named devices only
+/// (all when none are named); devices that are not bound are left out.
+fn loop_inodes(dir: &str, only: &[String]) -> Vec<(String, String)> {
+    if !only.is_empty() {
+        // `losetup -l A B` would mean "bind A to the file B": one at a time.
+        return only
+            .iter()
+            .flat_map(|device| loop_inodes_of(dir, Some(device)))
+            .collect();
+    }
+    loop_inodes_of(dir, None)
+}
+
+fn loop_inodes_of(dir: &str, device: Option<&String>) -> Vec<(String, String)> {
+    let output = Command::new("losetup")
+        .args(["-J", "-l", "-O", "NAME,BACK-FILE,BACK-INO"])
+        .args(device)
+        .output()
+        .expect("running losetup");
+    let text = String::from_utf8_lossy(&output.stdout);
+    if text.trim().is_empty() {
+        return Vec::new();
+    }
+    let listing: serde_json::Value = serde_json::from_str(&text).expect("losetup -J output");
+    listing["loopdevices"]
+        .as_array()
+        .expect("loopdevices array")
+        .iter()
+        .filter_map(|d| {
+            let back = d["back-file"].as_str()?;
+            let inode = d["back-ino"].as_u64()?;
+            back.starts_with(dir).then(|| {
+                (
+                    d["name"].as_str().unwrap_or("?").to_string(),
+                    format!("{back} (inode {inode})"),
+                )
+            })
+        })
+        .collect()
+}
+
+/// Backing files with more than one device, and those devices.
+fn duplicate_groups(devices: &[(String, String)]) -> Vec<(String, Vec<String>)> {
+    let mut per_file: BTreeMap<&str, Vec<String>> = BTreeMap::new();
     for (name, back) in devices {
-        per_file.entry(back).or_default().push(name);
+        per_file.entry(back).or_default().push(name.clone());
     }
     per_file
         .into_iter()
         .filter(|(_, names)| names.len() > 1)
+        .map(|(file, names)| (file.to_string(), names))
+        .collect()
+}
+
+/// Backing files with more than one device: never allowed, not even for
+/// a moment.
+fn duplicates(devices: &[(String, String)]) -> Vec<String> {
+    duplicate_groups(devices)
+        .into_iter()
         .map(|(file, names)| format!("{file}: {names:?}"))
         .collect()
+}
+
+/// Two devices of one file in a listing taken while operations run, still
+/// both bound to that inode when asked again at once. One listing is no
+/// snapshot: it reads device after device, so a detach and an attach of
+/// the same file between two of its reads show both devices although they
+/// never coexisted. Returns the confirmed ones and how many were not.
+fn confirmed_duplicates(dir: &str) -> (Vec<String>, usize) {
+    let mut confirmed = Vec::new();
+    let mut passing = 0;
+    for (file, names) in duplicate_groups(&loop_inodes(dir, &[])) {
+        let again = duplicate_groups(&loop_inodes(dir, &names));
+        if again.iter().any(|(same, _)| *same == file) {
+            confirmed.push(format!("{file}: {names:?}"));
+        } else {
+            passing += 1;
+        }
+    }
+    (confirmed, passing)
 }
 
 struct Record {
@@ -445,7 +513,7 @@ fn overlapping_operations_by_32_processes_leave_a_consistent_state() {
     let barrier = Barrier::new(WORKERS + 1);
     let round_ops = Mutex::new(Vec::new());
     let done = AtomicBool::new(false);
-    let samples = Mutex::new((0usize, Vec::<String>::new()));
+    let samples = Mutex::new((0usize, Vec::<String>::new(), 0usize));
     let mut ops: Vec<Op> = Vec::new();
     let mut problems: Vec<String> = Vec::new();
     let mut claims = 0usize;
@@ -454,8 +522,8 @@ fn overlapping_operations_by_32_processes_leave_a_consistent_state() {
         // file have two loop devices, nor a device outlive its file.
         scope.spawn(|| {
             while !done.load(Ordering::Relaxed) {
+                let (mut bad, passing) = confirmed_duplicates(&storage_text);
                 let devices = loop_devices_under(&storage_text);
-                let mut bad = duplicates(&devices);
                 bad.extend(
                     devices
                         .iter()
@@ -465,6 +533,7 @@ fn overlapping_operations_by_32_processes_leave_a_consistent_state() {
                 let mut samples = samples.lock().unwrap();
                 samples.0 += 1;
                 samples.1.extend(bad);
+                samples.2 += passing;
                 drop(samples);
                 std::thread::sleep(Duration::from_millis(20));
             }
@@ -528,7 +597,7 @@ fn overlapping_operations_by_32_processes_leave_a_consistent_state() {
         done.store(true, Ordering::Relaxed);
     });
     let stub_calls = world.stub.calls().len();
-    let (sample_count, sampled_problems) = samples.into_inner().unwrap();
+    let (sample_count, sampled_problems, passing_duplicates) = samples.into_inner().unwrap();
     let fx = &world.fx;
 
     // Counts, printed before any assertion so a failing run still shows them.
@@ -543,7 +612,7 @@ fn overlapping_operations_by_32_processes_leave_a_consistent_state() {
     }
     let total = |slot: usize| per_kind.values().map(|c| c[slot]).sum::<usize>();
     println!(
-        "concurrency: {rounds} rounds, {} operations in {:?}; {sample_count} losetup samples; {stub_calls} calls to the stub systemd",
+        "concurrency: {rounds} rounds, {} operations in {:?}; {sample_count} losetup samples ({passing_duplicates} showed one file on two devices that were not both bound to it when asked again at once); {stub_calls} calls to the stub systemd",
         ops.len(),
         world.epoch.elapsed()
     );
@@ -652,4 +721,36 @@ fn overlapping_operations_by_32_processes_leave_a_consistent_state() {
         assert_eq!(detached.code, 0, "detach {uuid}: {}", detached.stderr);
     }
     drop(world);
+}
+
+/// The watcher's check can fail: one file bound twice (by hand, as no
+/// operation of ours may) is a confirmed duplicate, and two devices of
+/// two files are not.
+#[test]
+fn the_duplicate_watcher_confirms_a_file_bound_twice() {
+    let dir = tempfile::tempdir().expect("a directory");
+    let path = |name: &str| dir.path().join(name).to_str().expect("UTF-8").to_string();
+    let bind = |file: &str| {
+        tool("losetup", &["--find", "--show", file])
+            .trim()
+            .to_string()
+    };
+    for name in ["twice", "once"] {
+        tool("truncate", &["-s", "8M", &path(name)]);
+    }
+    let devices = [
+        bind(&path("twice")),
+        bind(&path("twice")),
+        bind(&path("once")),
+    ];
+    let (confirmed, passing) = confirmed_duplicates(dir.path().to_str().expect("UTF-8"));
+    for device in &devices {
+        tool("losetup", &["-d", device]);
+    }
+    assert_eq!(passing, 0, "{confirmed:?}");
+    assert_eq!(confirmed.len(), 1, "{confirmed:?}");
+    assert!(
+        confirmed[0].contains("twice") && confirmed[0].contains(&devices[0]),
+        "{confirmed:?}"
+    );
 }

@@ -213,6 +213,12 @@ pub(crate) fn detach_device(number: u32, backing: (u64, u64)) -> Result<()> {
     renew_if_discards_left_off(number, discard_limits)
 }
 
+/// `loopN/loop/` (with `backing_file`) is there while a device is bound
+/// and until its release has let go of the file.
+fn release_in_progress(number: u32) -> bool {
+    Path::new(&format!("/sys/block/loop{number}/loop")).exists()
+}
+
 fn wait_until_released(number: u32, path: &Path, bound: &LoopStatus) -> Result<()> {
     let deadline = Instant::now() + RELEASE_GRACE;
     loop {
@@ -221,8 +227,16 @@ fn wait_until_released(number: u32, path: &Path, bound: &LoopStatus) -> Result<(
             Err(_) => None,
         };
         // Once released, the number may at once be reused for another file.
+        let unbound = status.is_none();
         let still_ours = status.filter(|s| s.is_backed_by(bound.backing_dev, bound.backing_inode));
         match still_ours {
+            // The kernel answers "unbound" as soon as the release starts;
+            // sysfs (and so losetup) names the file on this device until
+            // the release has let go of it. Done only then, so that an
+            // attach after ours never shows the file on two devices.
+            None if unbound && release_in_progress(number) && Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(2));
+            }
             None => return Ok(()),
             Some(status) if Instant::now() >= deadline => {
                 if status.has(LO_FLAGS_AUTOCLEAR) {
