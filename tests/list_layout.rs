@@ -166,7 +166,11 @@ fn normalise_word(word: &str, footer: bool) -> String {
     if let Some(number) = body.strip_prefix("loop") {
         let digits = number.trim_end_matches("p1");
         if !digits.is_empty() && digits.chars().all(|c| c.is_ascii_digit()) {
-            return format!("loopN{}{space}", &number[digits.len()..]);
+            // Padded to the name's width, so the column stays aligned
+            // whether the kernel gave loop7 or loop14.
+            let normalised = format!("loopN{}", &number[digits.len()..]);
+            let pad = " ".repeat(body.len().saturating_sub(normalised.len()));
+            return format!("{normalised}{pad}{space}");
         }
     }
     if footer {
