@@ -205,44 +205,21 @@ impl World {
     }
 }
 
-/// `losetup -J` (util-linux): device → backing file, for files under `dir`.
-fn loop_devices_under(dir: &str) -> Vec<(String, String)> {
-    let text = tool("losetup", &["-J", "-l", "-O", "NAME,BACK-FILE"]);
-    if text.trim().is_empty() {
-        return Vec::new();
-    }
-    let listing: serde_json::Value = serde_json::from_str(&text).expect("losetup -J output");
-    listing["loopdevices"]
-        .as_array()
-        .expect("loopdevices array")
-        .iter()
-        .filter_map(|d| {
-            let back = d["back-file"].as_str()?.to_string();
-            back.starts_with(dir)
-                .then(|| (d["name"].as_str().unwrap_or("?").to_string(), back))
-        })
-        .collect()
-}
-
-/// The same, with the backing file's inode, for the named devices only
-/// (all when none are named); devices that are not bound are left out.
-fn loop_inodes(dir: &str, only: &[String]) -> Vec<(String, String)> {
-    if !only.is_empty() {
-        // `losetup -l A B` would mean "bind A to the file B": one at a time.
-        return only
-            .iter()
-            .flat_map(|device| loop_inodes_of(dir, Some(device)))
-            .collect();
-    }
-    loop_inodes_of(dir, None)
-}
-
-fn loop_inodes_of(dir: &str, device: Option<&String>) -> Vec<(String, String)> {
+/// `losetup -J` (util-linux) of every bound device, or of one: device,
+/// backing file and its inode (absent for a device that is not bound).
+fn losetup_listing(device: Option<&String>) -> Vec<serde_json::Value> {
     let output = Command::new("losetup")
         .args(["-J", "-l", "-O", "NAME,BACK-FILE,BACK-INO"])
         .args(device)
         .output()
         .expect("running losetup");
+    // Asked for one device that is not bound, losetup fails; the whole
+    // listing never may.
+    assert!(
+        device.is_some() || output.status.success(),
+        "losetup -l: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
     let text = String::from_utf8_lossy(&output.stdout);
     if text.trim().is_empty() {
         return Vec::new();
@@ -251,16 +228,43 @@ fn loop_inodes_of(dir: &str, device: Option<&String>) -> Vec<(String, String)> {
     listing["loopdevices"]
         .as_array()
         .expect("loopdevices array")
+        .clone()
+}
+
+fn device_name(entry: &serde_json::Value) -> String {
+    entry["name"].as_str().unwrap_or("?").to_string()
+}
+
+/// Device → backing file, for files under `dir`.
+fn loop_devices_under(dir: &str) -> Vec<(String, String)> {
+    losetup_listing(None)
+        .iter()
+        .filter_map(|d| {
+            let back = d["back-file"].as_str()?;
+            back.starts_with(dir)
+                .then(|| (device_name(d), back.to_string()))
+        })
+        .collect()
+}
+
+/// The same, with the backing file's inode, for the named devices only
+/// (all when none are named).
+fn loop_inodes(dir: &str, only: &[String]) -> Vec<(String, String)> {
+    let listing: Vec<serde_json::Value> = if only.is_empty() {
+        losetup_listing(None)
+    } else {
+        // `losetup -l A B` would mean "bind A to the file B": one at a time.
+        only.iter()
+            .flat_map(|device| losetup_listing(Some(device)))
+            .collect()
+    };
+    listing
         .iter()
         .filter_map(|d| {
             let back = d["back-file"].as_str()?;
             let inode = d["back-ino"].as_u64()?;
-            back.starts_with(dir).then(|| {
-                (
-                    d["name"].as_str().unwrap_or("?").to_string(),
-                    format!("{back} (inode {inode})"),
-                )
-            })
+            back.starts_with(dir)
+                .then(|| (device_name(d), format!("{back} (inode {inode})")))
         })
         .collect()
 }

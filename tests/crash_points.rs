@@ -232,6 +232,27 @@ fn crash_create(fx: &Fixture, point: &str) -> Seen {
     seen
 }
 
+/// After a killed resize: `check --repair` does not finish it (it points
+/// at `resize`), and the same resize run again does, recording `size`.
+fn repaired_then_resized_again(
+    fx: &Fixture,
+    point: &str,
+    uuid: &str,
+    args: &[&str],
+    size: u64,
+) -> Seen {
+    let seen = check_and_repair(fx);
+    assert_eq!(
+        seen.after_repair,
+        ["size-mismatch"],
+        "{point}: after repair"
+    );
+    let again = run_ok(fx, &[args, &["--json"]].concat()).json();
+    assert_eq!(again["size"], size, "{point}");
+    assert_eq!(registered_size(fx, uuid), size, "{point}");
+    seen
+}
+
 fn crash_resize(fx: &Fixture, point: &str) -> Seen {
     let uuid = new_uuid();
     run_ok(fx, &["create", "--size", "32M", "--uuid", &uuid]);
@@ -245,17 +266,8 @@ fn crash_resize(fx: &Fixture, point: &str) -> Seen {
         32 * MIB,
         "{point}: size recorded early"
     );
-    let seen = check_and_repair(fx);
-    // check --repair does not finish a resize; it points at `resize`.
-    assert_eq!(
-        seen.after_repair,
-        ["size-mismatch"],
-        "{point}: after repair"
-    );
-    let again = run_ok(fx, &[&args[..], &["--json"]].concat()).json();
-    assert_eq!(again["size"], 48 * MIB, "{point}");
+    let seen = repaired_then_resized_again(fx, point, &uuid, &args, 48 * MIB);
     let path = fx.backing(&uuid);
-    assert_eq!(registered_size(fx, &uuid), 48 * MIB, "{point}");
     assert_eq!(
         fs::metadata(&path).expect("file").len(),
         48 * MIB,
@@ -298,15 +310,7 @@ fn crash_resize_xfs(fx: &Fixture, point: &str) -> Seen {
         "{point}: the grow's loop device outlived the killed resize"
     );
     assert_eq!(registered_size(fx, &uuid), 320 * MIB, "{point}");
-    let seen = check_and_repair(fx);
-    assert_eq!(
-        seen.after_repair,
-        ["size-mismatch"],
-        "{point}: after repair"
-    );
-    let again = run_ok(fx, &[&args[..], &["--json"]].concat()).json();
-    assert_eq!(again["size"], 400 * MIB, "{point}");
-    assert_eq!(registered_size(fx, &uuid), 400 * MIB, "{point}");
+    let seen = repaired_then_resized_again(fx, point, &uuid, &args, 400 * MIB);
     // The repair attached the volume (enabled, so meant to be attached):
     // one device, the volume's own.
     assert_eq!(loops_of(&path).len(), 1, "{point}");

@@ -343,6 +343,37 @@ fn verify_sector_size(device: &LockedLoopDevice, wanted: u32) -> Result<()> {
     )
 }
 
+/// What asking a bound device to switch autoclear came to.
+enum Autoclear {
+    /// The device no longer holds the file.
+    Released,
+    /// The kernel kept the flag as it was.
+    Refused,
+    /// The flag is as asked; the device's status.
+    Set(LoopStatus),
+}
+
+/// Sets (`on`) or clears autoclear on a device bound to `backing`, and
+/// reads it back.
+fn switch_autoclear(device: &LockedLoopDevice, backing: &File, on: bool) -> Result<Autoclear> {
+    let meta = backing.metadata().context("inspecting the backing file")?;
+    let ours = |info: &LoopInfo64| LoopStatus::from(*info).is_backed_by(meta.dev(), meta.ino());
+    let as_asked = |info: &LoopInfo64| (info.lo_flags & LO_FLAGS_AUTOCLEAR != 0) == on;
+    let Some(mut info) = device.raw_status().ok().filter(ours) else {
+        return Ok(Autoclear::Released);
+    };
+    if as_asked(&info) {
+        return Ok(Autoclear::Set(info.into()));
+    }
+    info.lo_flags ^= LO_FLAGS_AUTOCLEAR;
+    Ok(device
+        .set_status(&info)
+        .and_then(|()| device.raw_status())
+        .ok()
+        .filter(|info| ours(info) && as_asked(info))
+        .map_or(Autoclear::Refused, |info| Autoclear::Set(info.into())))
+}
+
 /// Keeps an existing device bound whose detach is pending: after a
 /// `LOOP_CLR_FD` while another process held it open, the kernel leaves it
 /// bound with autoclear set and releases it at that process's last close.
@@ -351,28 +382,14 @@ fn verify_sector_size(device: &LockedLoopDevice, wanted: u32) -> Result<()> {
 pub fn cancel_pending_detach(number: u32, backing: &File) -> Result<LoopStatus> {
     let device = LoopDevice::open(number, false)?.lock()?;
     let path = device.path();
-    let meta = backing.metadata().context("inspecting the backing file")?;
-    let ours = |info: &LoopInfo64| LoopStatus::from(*info).is_backed_by(meta.dev(), meta.ino());
-    let mut info = device
-        .raw_status()
-        .ok()
-        .filter(ours)
-        .with_context(|| format!("{} was released while attaching", path.display()))?;
-    if info.lo_flags & LO_FLAGS_AUTOCLEAR == 0 {
-        return Ok(info.into());
-    }
-    info.lo_flags &= !LO_FLAGS_AUTOCLEAR;
-    let kept = device
-        .set_status(&info)
-        .and_then(|()| device.raw_status())
-        .ok()
-        .filter(|info| ours(info) && info.lo_flags & LO_FLAGS_AUTOCLEAR == 0);
-    kept.map(LoopStatus::from).with_context(|| {
-        format!(
+    match switch_autoclear(&device, backing, false)? {
+        Autoclear::Set(status) => Ok(status),
+        Autoclear::Released => bail!("{} was released while attaching", path.display()),
+        Autoclear::Refused => bail!(
             "{} is being detached (another program still holds it open) and its pending detach could not be cancelled; retry once that program has closed it",
             path.display()
-        )
-    })
+        ),
+    }
 }
 
 /// The opposite of `cancel_pending_detach`, for a device bound for one job
@@ -382,26 +399,12 @@ pub fn cancel_pending_detach(number: u32, backing: &File) -> Result<LoopStatus> 
 pub fn release_at_last_close(number: u32, backing: &File) -> Result<LoopDevice> {
     let holder = LoopDevice::open(number, false)?;
     let device = LoopDevice::open(number, false)?.lock()?;
-    let meta = backing.metadata().context("inspecting the backing file")?;
-    let ours = |info: &LoopInfo64| LoopStatus::from(*info).is_backed_by(meta.dev(), meta.ino());
-    let mut info = device
-        .raw_status()
-        .ok()
-        .filter(ours)
-        .with_context(|| format!("{} was released early", device.path().display()))?;
-    info.lo_flags |= LO_FLAGS_AUTOCLEAR;
-    device
-        .set_status(&info)
-        .and_then(|()| device.raw_status())
-        .ok()
-        .filter(|info| ours(info) && info.lo_flags & LO_FLAGS_AUTOCLEAR != 0)
-        .with_context(|| {
-            format!(
-                "{} did not take the autoclear flag",
-                device.path().display()
-            )
-        })?;
-    Ok(holder)
+    let path = device.path();
+    match switch_autoclear(&device, backing, true)? {
+        Autoclear::Set(_) => Ok(holder),
+        Autoclear::Released => bail!("{} was released early", path.display()),
+        Autoclear::Refused => bail!("{} did not take the autoclear flag", path.display()),
+    }
 }
 
 /// Randomised, growing pause so that racing allocators spread out.
