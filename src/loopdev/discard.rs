@@ -8,7 +8,7 @@
 //! is detached, and a sparse volume that lands on such a device anyway
 //! (detached by another tool, or by a crash) is moved to another one.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
@@ -79,6 +79,11 @@ pub fn forbid_discards(number: u32) -> Result<()> {
 /// moment; if it never lets go, the next bind moves on or lands here again.
 pub(super) fn renew_device(control: &LockedControl, number: u32) {
     for _ in 0..40 {
+        // Bound again meanwhile: someone else's device now, which the
+        // kernel would refuse to delete for as long as it stays bound.
+        if Path::new(&format!("/sys/block/loop{number}/loop")).exists() {
+            return;
+        }
         match control.remove(number) {
             Ok(()) | Err(Errno::ENODEV | Errno::ENXIO | Errno::ENOENT) => return,
             Err(_) => std::thread::sleep(Duration::from_millis(25)),
@@ -94,6 +99,10 @@ pub fn renew_if_discards_left_off(number: u32, limits_before: Option<DiscardLimi
         return Ok(());
     }
     let control = LockedControl::acquire()?;
-    renew_device(&control, number);
+    // Asked again under the lock: a number already renewed (by detach) and
+    // handed out again has the default limit, and is left alone.
+    if DiscardLimits::of(number).is_some_and(|limits| limits.turned_off()) {
+        renew_device(&control, number);
+    }
     Ok(())
 }

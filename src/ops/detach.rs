@@ -214,7 +214,8 @@ pub(crate) fn detach_device(number: u32, backing: (u64, u64)) -> Result<()> {
 }
 
 /// `loopN/loop/` (with `backing_file`) is there while a device is bound
-/// and until its release has let go of the file.
+/// and early in its release (the kernel drops it before it lets go of the
+/// file itself).
 fn release_in_progress(number: u32) -> bool {
     Path::new(&format!("/sys/block/loop{number}/loop")).exists()
 }
@@ -231,8 +232,8 @@ fn wait_until_released(number: u32, path: &Path, bound: &LoopStatus) -> Result<(
         let still_ours = status.filter(|s| s.is_backed_by(bound.backing_dev, bound.backing_inode));
         match still_ours {
             // The kernel answers "unbound" as soon as the release starts;
-            // sysfs (and so losetup) names the file on this device until
-            // the release has let go of it. Done only then, so that an
+            // sysfs (and so losetup) still names the file on this device
+            // for a moment after. Done only once that is gone, so that an
             // attach after ours never shows the file on two devices.
             None if unbound && release_in_progress(number) && Instant::now() < deadline => {
                 std::thread::sleep(Duration::from_millis(2));
