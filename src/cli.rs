@@ -4,10 +4,12 @@ use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
+use crate::ops::apply::desired::{Desired, State};
 use crate::ops::register::RegisterMode;
 use crate::registry::{FsType, Mode, SECTOR_SIZES};
 use crate::size::parse_size;
 use crate::volume_id::VolumeId;
+use crate::volume_ref::VolumeRef;
 
 #[derive(Debug, Parser)]
 #[command(
@@ -19,6 +21,11 @@ pub struct Cli {
     /// Print one JSON object instead of a sentence.
     #[arg(long, global = true)]
     pub json: bool,
+
+    /// Run every check of a state-changing command and report what it
+    /// would change, changing nothing.
+    #[arg(long, global = true)]
+    pub dry_run: bool,
 
     /// More log output on stderr (repeat for more).
     #[arg(short, long, global = true, action = clap::ArgAction::Count)]
@@ -58,14 +65,18 @@ pub enum Command {
     },
     /// Detach and unregister a volume; keeps its data unless asked.
     Remove {
-        uuid: VolumeId,
+        /// The volume: its UUID or its name.
+        #[arg(value_name = "UUID|NAME")]
+        volume: VolumeRef,
         /// Also delete the backing file.
         #[arg(long)]
         delete_data: bool,
     },
     /// Grow a volume: file, loop device, partition and file system.
     Resize {
-        uuid: VolumeId,
+        /// The volume: its UUID or its name.
+        #[arg(value_name = "UUID|NAME")]
+        volume: VolumeRef,
         /// New size (e.g. 20G); never smaller than the current size.
         #[arg(long, value_parser = parse_size_arg)]
         size: u64,
@@ -76,35 +87,49 @@ pub enum Command {
     /// verifies the content carries the volume UUID, and waits for the
     /// udev link when udev runs.
     Attach {
-        /// The volume UUID (canonical lowercase form).
-        uuid: VolumeId,
+        /// The volume: its UUID (canonical lowercase form) or its name.
+        #[arg(value_name = "UUID|NAME")]
+        volume: VolumeRef,
     },
     /// Detach a volume's loop device (the unit's ExecStop).
     ///
     /// Needs no registry entry; a volume that is not attached is success.
     Detach {
-        /// The volume UUID (canonical lowercase form).
-        uuid: VolumeId,
+        /// The volume: its UUID (canonical lowercase form) or its name.
+        #[arg(value_name = "UUID|NAME")]
+        volume: VolumeRef,
     },
     /// Enable a volume: set its registry flag and reload systemd, so the
     /// generator makes it attach at every boot.
     Enable {
-        uuid: VolumeId,
+        /// The volume: its UUID or its name.
+        #[arg(value_name = "UUID|NAME")]
+        volume: VolumeRef,
         /// Also start its unit now and wait for the result.
         #[arg(long)]
         now: bool,
     },
     /// Disable a volume: clear its registry flag and reload systemd.
     Disable {
-        uuid: VolumeId,
+        /// The volume: its UUID or its name.
+        #[arg(value_name = "UUID|NAME")]
+        volume: VolumeRef,
         /// Also stop its unit now (detaching it) and wait for the result.
         #[arg(long)]
         now: bool,
     },
     /// Start the volume's unit (attach it) and wait for the job result.
-    Start { uuid: VolumeId },
+    Start {
+        /// The volume: its UUID or its name.
+        #[arg(value_name = "UUID|NAME")]
+        volume: VolumeRef,
+    },
     /// Stop the volume's unit (detach it) and wait for the job result.
-    Stop { uuid: VolumeId },
+    Stop {
+        /// The volume: its UUID or its name.
+        #[arg(value_name = "UUID|NAME")]
+        volume: VolumeRef,
+    },
     /// Every volume at a glance: name, mode, size, allocation, device, state.
     List {
         /// Every column (UUID, enabled flag, unit state, path), one line per
@@ -113,7 +138,11 @@ pub enum Command {
         wide: bool,
     },
     /// One volume in detail (the same fields as `list`).
-    Status { uuid: VolumeId },
+    Status {
+        /// The volume: its UUID or its name.
+        #[arg(value_name = "UUID|NAME")]
+        volume: VolumeRef,
+    },
     /// Audit the registry against files and loop devices.
     Check {
         /// Fix what is safe to fix (leftovers, duplicates, unattached volumes).
@@ -130,13 +159,87 @@ pub enum Command {
     },
     /// A Kubernetes local PersistentVolume for a registered volume.
     Pv(PvArgs),
+    /// Converge one volume to a desired state (for config management):
+    /// create it, grow it, set its flags, start or stop it, or remove it,
+    /// doing only what differs. Prints what changed, before and after.
+    Apply(ApplyArgs),
+}
+
+/// The desired state as flags; `--stdin` reads it as one JSON object or
+/// TOML document instead (the same keys, `fs_type` for `--fs`).
+#[derive(Debug, Args)]
+pub struct ApplyArgs {
+    /// Read the desired state from stdin (JSON or TOML) instead of flags.
+    #[arg(long, conflicts_with_all = [
+        "uuid", "name", "state", "size", "mode", "fs_type", "path", "enabled", "read_only",
+        "preallocate", "sector_size", "mkfs_options", "delete_data", "now",
+    ])]
+    pub stdin: bool,
+    #[arg(long)]
+    pub uuid: Option<VolumeId>,
+    /// The volume's name: unique on the node, so it identifies it too.
+    #[arg(long)]
+    pub name: Option<String>,
+    #[arg(long, value_enum, default_value_t = State::Present)]
+    pub state: State,
+    /// Size (grown to when larger; never shrunk).
+    #[arg(long, value_parser = parse_size_arg)]
+    pub size: Option<u64>,
+    #[arg(long, value_enum)]
+    pub mode: Option<ModeArg>,
+    #[arg(long = "fs", value_enum)]
+    pub fs_type: Option<FsType>,
+    #[arg(long)]
+    pub path: Option<PathBuf>,
+    #[arg(long, value_name = "BOOL")]
+    pub enabled: Option<bool>,
+    #[arg(long, value_name = "BOOL")]
+    pub read_only: Option<bool>,
+    /// Reserve the space (fallocate) when creating.
+    #[arg(long)]
+    pub preallocate: bool,
+    #[arg(long, value_parser = parse_sector_size)]
+    pub sector_size: Option<u32>,
+    #[arg(long = "mkfs-option", allow_hyphen_values = true)]
+    pub mkfs_options: Vec<String>,
+    /// With `--state absent`: also delete the backing file.
+    #[arg(long)]
+    pub delete_data: bool,
+    /// Also start (enabled) or stop (disabled) the unit now.
+    #[arg(long)]
+    pub now: bool,
+}
+
+impl ApplyArgs {
+    pub fn desired(&self) -> Desired {
+        Desired {
+            state: self.state,
+            uuid: self.uuid,
+            name: self.name.clone(),
+            size: self.size,
+            mode: self.mode,
+            fs_type: self.fs_type,
+            path: self.path.clone(),
+            enabled: self.enabled,
+            read_only: self.read_only,
+            preallocate: self.preallocate.then_some(true),
+            sector_size: self.sector_size,
+            mkfs_options: (!self.mkfs_options.is_empty()).then(|| self.mkfs_options.clone()),
+            delete_data: self.delete_data,
+            now: self.now,
+        }
+    }
 }
 
 #[derive(Debug, Args)]
 pub struct PvArgs {
-    /// The volume UUID.
-    #[arg(required_unless_present = "all", conflicts_with = "all")]
-    pub uuid: Option<VolumeId>,
+    /// The volume: its UUID or its name.
+    #[arg(
+        required_unless_present = "all",
+        conflicts_with = "all",
+        value_name = "UUID|NAME"
+    )]
+    pub volume: Option<VolumeRef>,
     /// One PersistentVolume per enabled volume.
     #[arg(long)]
     pub all: bool,
@@ -259,22 +362,35 @@ fn parse_sector_size(text: &str) -> Result<u32, String> {
 }
 
 impl Command {
-    /// The volume a command is about, when it names one.
-    pub fn uuid(&self) -> Option<&VolumeId> {
+    /// The existing volume a command is about, as the user named it.
+    pub fn volume(&self) -> Option<&VolumeRef> {
         match self {
-            Command::Attach { uuid }
-            | Command::Detach { uuid }
-            | Command::Register { uuid, .. }
-            | Command::Remove { uuid, .. }
-            | Command::Resize { uuid, .. }
-            | Command::Enable { uuid, .. }
-            | Command::Disable { uuid, .. }
-            | Command::Start { uuid }
-            | Command::Stop { uuid }
-            | Command::Status { uuid } => Some(uuid),
-            Command::Create(args) => args.uuid.as_ref(),
-            Command::Pv(args) => args.uuid.as_ref(),
-            Command::Check { .. } | Command::List { .. } | Command::Metrics { .. } => None,
+            Command::Attach { volume }
+            | Command::Detach { volume }
+            | Command::Remove { volume, .. }
+            | Command::Resize { volume, .. }
+            | Command::Enable { volume, .. }
+            | Command::Disable { volume, .. }
+            | Command::Start { volume }
+            | Command::Stop { volume }
+            | Command::Status { volume } => Some(volume),
+            Command::Pv(args) => args.volume.as_ref(),
+            Command::Create(_)
+            | Command::Apply(_)
+            | Command::Register { .. }
+            | Command::Check { .. }
+            | Command::List { .. }
+            | Command::Metrics { .. } => None,
+        }
+    }
+
+    /// The UUID a command gives a volume it makes, when the user chose it.
+    pub fn new_uuid(&self) -> Option<VolumeId> {
+        match self {
+            Command::Register { uuid, .. } => Some(*uuid),
+            Command::Create(args) => args.uuid,
+            Command::Apply(args) => args.uuid,
+            _ => None,
         }
     }
 }

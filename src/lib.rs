@@ -26,3 +26,4 @@ pub mod systemd;
 pub mod termination;
 pub mod udev;
 pub mod volume_id;
+pub mod volume_ref;

@@ -2,8 +2,11 @@ use std::process::ExitCode;
 
 use clap::Parser;
 
-use sparse_volume::cli::{Cli, Command, CreateArgs, ManifestFormat, PvArgs};
+use std::io::Read;
+
+use sparse_volume::cli::{ApplyArgs, Cli, Command, CreateArgs, ManifestFormat, PvArgs};
 use sparse_volume::logging;
+use sparse_volume::ops::apply::{self, desired::Desired};
 use sparse_volume::ops::{attach, check, create, detach, register, remove, resize, Report};
 use sparse_volume::ops::{enable, list, metrics, pv, start, status};
 use sparse_volume::paths::SystemRoot;
@@ -15,9 +18,10 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     logging::init(cli.verbose);
     let root = SystemRoot::from_env();
-    let out = Output {
+    let mut out = Output {
         json: cli.json,
-        uuid: cli.command.uuid().map(ToString::to_string),
+        dry_run: false,
+        uuid: cli.command.new_uuid().map(|id| id.to_string()),
     };
     if needs_root(&cli.command) && !running_as_root() {
         return out.fail(
@@ -25,12 +29,29 @@ fn main() -> ExitCode {
             ExitCode::FAILURE,
         );
     }
-    for warning in registry_warnings(&root, &cli.command) {
+    // A name stands for the one volume that carries it; resolved once, so
+    // every command below works on a UUID as before.
+    let resolved = match cli.command.volume() {
+        Some(volume) => match Registry::open(root.clone()).resolve(volume) {
+            Ok(id) => Some(id),
+            Err(error) => return out.fail(&format!("{volume}: {error:#}"), ExitCode::FAILURE),
+        },
+        None => None,
+    };
+    if let Some(id) = resolved {
+        out.uuid = Some(id.to_string());
+    }
+    for warning in registry_warnings(&root, &cli.command, resolved.as_ref()) {
         eprintln!("sparse-volume: warning: {warning}");
     }
+    // Only read in the arms of commands that name a volume, where
+    // `resolved` was set above or the command returned.
+    let id = || resolved.expect("every command that names a volume resolved it");
+    let dry_run = cli.dry_run;
+    out.dry_run = dry_run;
 
     match &cli.command {
-        Command::Create(args) => match create_request(args) {
+        Command::Create(args) => match create_request(args, dry_run) {
             Ok(request) => {
                 let doing = args
                     .uuid
@@ -54,6 +75,7 @@ fn main() -> ExitCode {
                     mode,
                     name: name.clone(),
                     sector_size: *sector_size,
+                    dry_run,
                 };
                 out.emit(
                     register::register(&root, &request),
@@ -62,36 +84,72 @@ fn main() -> ExitCode {
             }
             Err(message) => out.usage(&message),
         },
-        Command::Remove { uuid, delete_data } => out.emit(
-            remove::remove(&root, uuid, *delete_data),
-            &format!("removing {uuid}"),
-        ),
-        Command::Resize { uuid, size } => out.emit(
-            resize::resize(&root, uuid, *size),
-            &format!("resizing {uuid}"),
-        ),
-        Command::Attach { uuid } => {
-            out.emit(attach::attach(&root, uuid), &format!("attaching {uuid}"))
+        Command::Remove { delete_data, .. } => {
+            let id = id();
+            out.emit(
+                remove::remove(&root, &id, *delete_data, dry_run),
+                &format!("removing {id}"),
+            )
         }
-        Command::Detach { uuid } => {
-            out.emit(detach::detach(&root, uuid), &format!("detaching {uuid}"))
+        Command::Resize { size, .. } => {
+            let id = id();
+            out.emit(
+                resize::resize(&root, &id, *size, dry_run),
+                &format!("resizing {id}"),
+            )
         }
-        Command::Check { repair } => out.emit(check::check(&root, *repair), "checking volumes"),
-        Command::Enable { uuid, now } => out.emit(
-            enable::enable(&root, uuid, *now),
-            &format!("enabling {uuid}"),
-        ),
-        Command::Disable { uuid, now } => out.emit(
-            enable::disable(&root, uuid, *now),
-            &format!("disabling {uuid}"),
-        ),
-        Command::Start { uuid } => out.emit(start::start(&root, uuid), &format!("starting {uuid}")),
-        Command::Stop { uuid } => out.emit(start::stop(&root, uuid), &format!("stopping {uuid}")),
+        Command::Attach { .. } => {
+            let id = id();
+            let doing = format!("attaching {id}");
+            if dry_run {
+                out.emit(attach::plan_attach(&root, &id), &doing)
+            } else {
+                out.emit(attach::attach(&root, &id), &doing)
+            }
+        }
+        Command::Detach { .. } => {
+            let id = id();
+            let doing = format!("detaching {id}");
+            if dry_run {
+                out.emit(detach::plan_detach(&root, &id), &doing)
+            } else {
+                out.emit(detach::detach(&root, &id), &doing)
+            }
+        }
+        // A dry run of a repair is the audit: it lists what a repair fixes.
+        Command::Check { repair } => {
+            out.emit(check::check(&root, *repair && !dry_run), "checking volumes")
+        }
+        Command::Enable { now, .. } => {
+            let id = id();
+            out.emit(
+                enable::enable(&root, &id, *now, dry_run),
+                &format!("enabling {id}"),
+            )
+        }
+        Command::Disable { now, .. } => {
+            let id = id();
+            out.emit(
+                enable::disable(&root, &id, *now, dry_run),
+                &format!("disabling {id}"),
+            )
+        }
+        Command::Start { .. } => {
+            let id = id();
+            out.emit(start::start(&root, &id, dry_run), &format!("starting {id}"))
+        }
+        Command::Stop { .. } => {
+            let id = id();
+            out.emit(start::stop(&root, &id, dry_run), &format!("stopping {id}"))
+        }
         Command::List { wide } => out.emit(list::list(&root, *wide), "listing volumes"),
-        Command::Status { uuid } => out.emit(
-            status::status(&root, uuid),
-            &format!("reading the status of {uuid}"),
-        ),
+        Command::Status { .. } => {
+            let id = id();
+            out.emit(
+                status::status(&root, &id),
+                &format!("reading the status of {id}"),
+            )
+        }
         Command::Metrics { textfile: None } => {
             out.document(metrics::render(&root), "collecting metrics")
         }
@@ -101,20 +159,40 @@ fn main() -> ExitCode {
             metrics::write_textfile(&root, directory.as_deref()),
             "writing the metrics textfile",
         ),
-        Command::Pv(args) => out.document(
-            pv::manifest(&root, &pv_request(args, cli.json)),
-            &args
-                .uuid
-                .map_or("writing PersistentVolumes".to_string(), |u| {
-                    format!("writing the PersistentVolume of {u}")
-                }),
-        ),
+        Command::Apply(args) => match apply_desired(args) {
+            Ok(desired) => {
+                // By name: a refusal still tells config management which
+                // volume it was about.
+                if let (None, Some(name)) = (&desired.uuid, &desired.name) {
+                    if let Ok(Some(volume)) = Registry::open(root.clone()).volume_named(name) {
+                        out.uuid = Some(volume.id.to_string());
+                    }
+                }
+                let doing = match (&desired.name, &desired.uuid) {
+                    (_, Some(id)) => format!("applying {id}"),
+                    (Some(name), None) => format!("applying {name:?}"),
+                    (None, None) => "applying".to_string(),
+                };
+                out.emit(apply::apply(&root, &desired, dry_run), &doing)
+            }
+            Err(message) => out.usage(&message),
+        },
+        Command::Pv(args) => {
+            let what = match resolved {
+                Some(id) => format!("writing the PersistentVolume of {id}"),
+                None => "writing PersistentVolumes".to_string(),
+            };
+            out.document(
+                pv::manifest(&root, &pv_request(args, resolved, cli.json)),
+                &what,
+            )
+        }
     }
 }
 
-fn pv_request(args: &PvArgs, json: bool) -> pv::PvRequest {
+fn pv_request(args: &PvArgs, uuid: Option<VolumeId>, json: bool) -> pv::PvRequest {
     pv::PvRequest {
-        uuid: args.uuid,
+        uuid,
         storage_class: args.storage_class.clone(),
         node: args.node.clone(),
         reclaim: args.reclaim,
@@ -147,7 +225,7 @@ fn running_as_root() -> bool {
 /// in a key should be seen long before it matters. `list` shows it for
 /// every volume, other commands for the volume they are about; `check`
 /// reports all of it among its findings, so once is enough.
-fn registry_warnings(root: &SystemRoot, command: &Command) -> Vec<String> {
+fn registry_warnings(root: &SystemRoot, command: &Command, id: Option<&VolumeId>) -> Vec<String> {
     if matches!(command, Command::Check { .. }) {
         return Vec::new();
     }
@@ -163,9 +241,9 @@ fn registry_warnings(root: &SystemRoot, command: &Command) -> Vec<String> {
     let entries: Vec<Entry> = match command {
         // Unreadable volumes.d is list's own error to report.
         Command::List { .. } => registry.entries().unwrap_or_default(),
-        _ => command
-            .uuid()
-            .and_then(|id: &VolumeId| registry.entry(id))
+        _ => id
+            .or(command.new_uuid().as_ref())
+            .and_then(|id| registry.entry(id))
             .into_iter()
             .collect(),
     };
@@ -175,7 +253,7 @@ fn registry_warnings(root: &SystemRoot, command: &Command) -> Vec<String> {
     warnings
 }
 
-fn create_request(args: &CreateArgs) -> Result<create::CreateRequest, String> {
+fn create_request(args: &CreateArgs, dry_run: bool) -> Result<create::CreateRequest, String> {
     Ok(create::CreateRequest {
         size: args.size,
         mode: args.mode.to_mode(args.fs_type, args.mkfs_options.clone())?,
@@ -185,13 +263,32 @@ fn create_request(args: &CreateArgs) -> Result<create::CreateRequest, String> {
         preallocate: args.preallocate,
         sector_size: args.sector_size,
         now: args.now,
+        dry_run,
     })
+}
+
+/// The desired state from the flags or, with `--stdin`, from the document
+/// there; anything wrong with it is a usage error.
+fn apply_desired(args: &ApplyArgs) -> Result<Desired, String> {
+    if !args.stdin {
+        let desired = args.desired();
+        desired.check()?;
+        return Ok(desired);
+    }
+    let mut text = String::new();
+    std::io::stdin()
+        .read_to_string(&mut text)
+        .map_err(|e| format!("reading the desired state from stdin: {e}"))?;
+    Desired::from_document(&text)
 }
 
 /// Prints a command's outcome for people or as one JSON object, and turns
 /// it into the exit status.
 struct Output {
     json: bool,
+    /// Said in every report, so a dry run's output is never mistaken
+    /// for a change made.
+    dry_run: bool,
     uuid: Option<String>,
 }
 
@@ -203,10 +300,17 @@ impl Output {
                     eprintln!("sparse-volume: warning: {warning}");
                 }
                 if self.json {
-                    match serde_json::to_string(&report) {
-                        Ok(text) => println!("{text}"),
+                    match serde_json::to_value(&report) {
+                        Ok(mut value) => {
+                            if let Some(object) = value.as_object_mut() {
+                                object.insert("dry_run".into(), self.dry_run.into());
+                            }
+                            println!("{value}");
+                        }
                         Err(e) => eprintln!("sparse-volume: cannot render the report as JSON: {e}"),
                     }
+                } else if self.dry_run {
+                    println!("dry run, nothing changed: {}", report.human());
                 } else {
                     println!("{}", report.human());
                 }

@@ -353,7 +353,8 @@ fn usage_errors_exit_with_status_two() {
     let fx = Fixture::new();
     for args in [
         &["attach"][..],
-        &["attach", "NOT-A-UUID"],
+        // Anything else is a name, but an empty one names nothing.
+        &["attach", ""],
         &["detach", "6F1C2A8E-3B4D-4E5F-8A9B-0C1D2E3F4A5B"],
         &["frobnicate"],
     ] {

@@ -944,9 +944,14 @@ fn bad_command_lines() {
             vec!["status", "00000000-0000-0000-0000-000000000000"],
             "nil",
         ),
-        ("uuid-garbage", vec!["status", "not-a-uuid"], "not a UUID"),
-        ("uuid-empty", vec!["status", ""], "not a UUID"),
-        ("uuid-with-newline", vec!["status", "a\nb"], "not a UUID"),
+        // Anything that does not read as a UUID is a name (an unknown one
+        // is exit 1, tests/apply.rs); these can name no volume at all.
+        ("name-empty", vec!["status", ""], "must not be empty"),
+        (
+            "name-with-newline",
+            vec!["status", "a\nb"],
+            "control characters",
+        ),
         (
             "create-uuid-upper-case",
             vec!["create", "--size", "1G", "--uuid", &upper],

@@ -417,6 +417,37 @@ fn committed_growth_beyond_free_space_is_overcommitted() {
 }
 
 #[test]
+fn two_volumes_with_one_name_are_reported_and_left_as_they_are() {
+    let fx = Fixture::new();
+    let (first, second) = (new_uuid(), new_uuid());
+    for uuid in [&first, &second] {
+        fx.make_ext4(uuid);
+        fx.register(uuid, "filesystem", "enabled = false\nname = \"pg-data\"\n");
+    }
+    let before: Vec<String> = [&first, &second]
+        .iter()
+        .map(|u| fs::read_to_string(fx.registry_file(u)).unwrap())
+        .collect();
+    let (_, report) = check(&fx, true);
+    let found = findings_of(&report, "duplicate-name");
+    assert_eq!(found.len(), 1, "{report}");
+    assert_eq!(found[0]["severity"], "warning");
+    let mut uuids = found[0]["uuids"].as_array().unwrap().clone();
+    uuids.sort_by_key(|u| u.to_string());
+    let mut expected = vec![Value::from(first.clone()), Value::from(second.clone())];
+    expected.sort_by_key(|u| u.to_string());
+    assert_eq!(uuids, expected);
+    assert_eq!(found[0]["repaired"], false);
+    // A warning: the volumes are fine otherwise, and nothing was touched.
+    assert_eq!(report["clean"], true, "{report}");
+    let after: Vec<String> = [&first, &second]
+        .iter()
+        .map(|u| fs::read_to_string(fx.registry_file(u)).unwrap())
+        .collect();
+    assert_eq!(before, after);
+}
+
+#[test]
 fn a_config_that_does_not_validate_is_reported_with_file_and_line() {
     let fx = Fixture::new();
     let uuid = healthy_volume(&fx);

@@ -182,6 +182,46 @@ fn disable_now_clears_the_flag_and_stops() {
 }
 
 #[test]
+fn dry_runs_through_systemd_run_no_job_and_agree_with_the_real_run() {
+    let world = World::new();
+    let uuid = world.volume(false);
+    let steps: [&[&str]; 7] = [
+        &["enable", &uuid, "--now"],
+        &["stop", &uuid],
+        &["start", &uuid],
+        &["disable", &uuid, "--now"],
+        &["apply", "--uuid", &uuid, "--enabled", "true", "--now"],
+        &["apply", "--uuid", &uuid, "--enabled", "false", "--now"],
+        &["apply", "--uuid", &uuid, "--state", "absent"],
+    ];
+    for args in steps {
+        let registry = fs::read(world.fx.registry_file(&uuid)).unwrap();
+        let devices = loops_of(&world.fx.backing(&uuid));
+        let seen = world.calls().len();
+        let dry = world
+            .run_ok(&[args, &["--dry-run", "--json"]].concat())
+            .json();
+        let calls = world.calls()[seen..].to_vec();
+        assert!(
+            !calls
+                .iter()
+                .any(|c| ["Reload", "StartUnit", "StopUnit", "ResetFailedUnit"]
+                    .iter()
+                    .any(|job| c.starts_with(job))),
+            "{args:?} --dry-run asked systemd to change something: {calls:#?}"
+        );
+        assert_eq!(fs::read(world.fx.registry_file(&uuid)).unwrap(), registry);
+        assert_eq!(loops_of(&world.fx.backing(&uuid)), devices);
+
+        let real = world.run_ok(&[args, &["--json"]].concat()).json();
+        assert_eq!(dry["changed"], real["changed"], "{args:?}: {dry} / {real}");
+        assert_eq!(dry["actions"], real["actions"], "{args:?}");
+    }
+    assert!(!world.fx.registry_file(&uuid).exists());
+    assert!(world.fx.backing(&uuid).exists());
+}
+
+#[test]
 fn start_and_stop_report_changed_and_are_idempotent() {
     let world = World::new();
     let uuid = world.volume(true);

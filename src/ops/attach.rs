@@ -63,6 +63,56 @@ impl Report for AttachReport {
     }
 }
 
+/// `attach --dry-run`: the device the volume is attached to already, or
+/// that a device would be bound.
+#[derive(Debug, Serialize)]
+pub struct AttachPlan {
+    pub changed: bool,
+    pub uuid: String,
+    pub device: Option<PathBuf>,
+}
+
+impl Report for AttachPlan {
+    fn human(&self) -> String {
+        match &self.device {
+            Some(device) => format!("{} is attached as {}", self.uuid, device.display()),
+            None => format!("{} would be attached to a free loop device", self.uuid),
+        }
+    }
+}
+
+pub fn plan_attach(root: &SystemRoot, id: &VolumeId) -> Result<AttachPlan> {
+    let device = attach_planned(root, id)?;
+    Ok(AttachPlan {
+        changed: device.is_none(),
+        uuid: id.to_string(),
+        device,
+    })
+}
+
+/// What an attach would do, after the checks it runs before binding
+/// anything (skip switch, registry entry, backing file, content): the
+/// device the file is attached to already, or None when it would bind one.
+pub fn attach_planned(root: &SystemRoot, id: &VolumeId) -> Result<Option<PathBuf>> {
+    if let Some(skip) = kernel_cmdline::skip_reason(root, id) {
+        bail!(
+            "the volume is skipped by {skip}; reboot without {} to attach it",
+            skip.switch()
+        );
+    }
+    let registry = Registry::open(root.clone());
+    let _lock = Registry::volume_lock(root, id)?;
+    let volume = registry.require(id)?;
+    let path = root.host_path(&volume.path);
+    let backing = open_backing_file(&path, volume.read_only)?;
+    verify_content(&backing, &volume, &path)?;
+    let meta = backing.metadata().context("inspecting the backing file")?;
+    Ok(loopdev::bound_statuses()?
+        .into_iter()
+        .find(|(_, status)| status.is_backed_by(meta.dev(), meta.ino()))
+        .map(|(number, _)| LoopDevice::path_of(number)))
+}
+
 /// Where the kernel shows block devices and their partitions.
 const SYS_BLOCK: &str = "/sys/block";
 

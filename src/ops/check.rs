@@ -261,6 +261,7 @@ pub fn check(root: &SystemRoot, repair: bool) -> Result<CheckReport> {
         audit_volume(&mut audit, volume)?;
     }
     duplicate_backing_files(&mut audit, &volumes);
+    duplicate_names(&mut audit, &volumes);
     storage_root_leftovers(&mut audit, &registry, &owned, &registered)?;
     overcommitment(&mut audit, &registry, &volumes);
     low_headroom(&mut audit, &registry, &volumes);
@@ -343,6 +344,35 @@ fn duplicate_backing_files(audit: &mut Audit, volumes: &[Volume]) {
             ),
         )
         .about(None, Some(&audit.root.host_path(&sharing[0].path)));
+        finding.uuids = uuids;
+        audit.add(finding);
+    }
+}
+
+/// A name is an identity (commands and config management look volumes up
+/// by it), so two volumes with one name make every such lookup fail.
+/// They still attach: a warning, and nothing to repair automatically,
+/// since only the operator knows which one the name is meant for.
+fn duplicate_names(audit: &mut Audit, volumes: &[Volume]) {
+    let mut by_name: Vec<(&str, Vec<String>)> = Vec::new();
+    for volume in volumes {
+        let Some(name) = volume.name.as_deref() else {
+            continue;
+        };
+        match by_name.iter_mut().find(|(n, _)| *n == name) {
+            Some((_, uuids)) => uuids.push(volume.id.to_string()),
+            None => by_name.push((name, vec![volume.id.to_string()])),
+        }
+    }
+    for (name, uuids) in by_name.into_iter().filter(|(_, u)| u.len() > 1) {
+        let mut finding = Finding::new(
+            "duplicate-name",
+            "warning",
+            format!(
+                "volumes {} all have the name {name:?}; commands that name a volume by it refuse to guess: rename all but one (`sparse-volume apply --uuid U --name NEW`)",
+                uuids.join(", ")
+            ),
+        );
         finding.uuids = uuids;
         audit.add(finding);
     }

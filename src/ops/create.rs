@@ -27,7 +27,7 @@ use crate::partition_table;
 use crate::paths::SystemRoot;
 use crate::probe::{expected_content, identifies, probe};
 use crate::registry::{
-    check_path, check_size, Mode, Registry, Volume, DEFAULT_SECTOR_SIZE, SECTOR_SIZES,
+    check_path, check_size, FsType, Mode, Registry, Volume, DEFAULT_SECTOR_SIZE, SECTOR_SIZES,
 };
 use crate::size::format_size;
 use crate::volume_id::VolumeId;
@@ -46,6 +46,8 @@ pub struct CreateRequest {
     pub sector_size: Option<u32>,
     /// Also attach it (and report the device).
     pub now: bool,
+    /// Every check, nothing made: the report says what would be.
+    pub dry_run: bool,
 }
 
 #[derive(Debug, Serialize)]
@@ -103,7 +105,7 @@ impl Report for CreateReport {
 
 pub fn create(root: &SystemRoot, request: &CreateRequest) -> Result<CreateReport> {
     let mut report = create_registered(root, request)?;
-    if request.now {
+    if request.now && !request.dry_run {
         let id: VolumeId = report.uuid.parse().map_err(anyhow::Error::msg)?;
         let activation = bring_up_now(root, &id, true)?;
         report.changed |= activation.changed;
@@ -154,7 +156,7 @@ fn create_registered(root: &SystemRoot, request: &CreateRequest) -> Result<Creat
     volume.validate()?;
     let report = |changed: bool, volume: &Volume, note: Option<String>| CreateReport {
         changed,
-        uuid: id.to_string(),
+        uuid: volume.id.to_string(),
         path: volume.path.clone(),
         size: volume.size,
         requested_size: request.size,
@@ -178,11 +180,29 @@ fn create_registered(root: &SystemRoot, request: &CreateRequest) -> Result<Creat
     // must see each other's space, and two creates of one UUID must not
     // both format.
     let _lock = registry.lock()?;
+    if let Some(name) = &request.name {
+        if let Some(named) = registry.volume_named(name)?.filter(|v| v.id != id) {
+            // Without a UUID, the name is the identity: the same spec again
+            // is the same volume, as a repeated create by UUID is.
+            if request.uuid.is_some() {
+                registry.ensure_name_free(name, &id)?;
+            }
+            ensure_same_spec(&named, request, size)
+                .with_context(|| format!("the name {name:?} is volume {}", named.id))?;
+            if !request.dry_run {
+                clear_creating_mark(&root.host_path(&named.path))?;
+            }
+            return Ok(report(false, &named, None));
+        }
+        registry.ensure_name_free(name, &id)?;
+    }
     if let Some(existing) = registry.get(&id)? {
         ensure_same_spec(&existing, request, size)?;
         // A create killed after registering but before unmarking, now
         // repeated: the mark must not outlive it.
-        clear_creating_mark(&root.host_path(&existing.path))?;
+        if !request.dry_run {
+            clear_creating_mark(&root.host_path(&existing.path))?;
+        }
         return Ok(report(false, &existing, None));
     }
 
@@ -193,6 +213,13 @@ fn create_registered(root: &SystemRoot, request: &CreateRequest) -> Result<Creat
         .to_path_buf();
     if fs::symlink_metadata(&host_path).is_ok() {
         adopt_interrupted(&host_path, &volume)?;
+        if request.dry_run {
+            return Ok(report(
+                true,
+                &volume,
+                Some("would complete an interrupted create".into()),
+            ));
+        }
         registry.put(&volume)?;
         clear_creating_mark(&host_path)?;
         return Ok(report(
@@ -202,6 +229,17 @@ fn create_registered(root: &SystemRoot, request: &CreateRequest) -> Result<Creat
         ));
     }
 
+    if request.dry_run {
+        // The directory is not made; the file system it would be made on
+        // is the one its nearest existing ancestor is on.
+        let existing = directory
+            .ancestors()
+            .find(|d| d.is_dir())
+            .context("no directory of the backing file path exists")?;
+        let capacity = capacity::measure(&registry, existing, None)?;
+        capacity::ensure_fits(&capacity, size, &directory)?;
+        return Ok(report(true, &volume, None));
+    }
     DirBuilder::new()
         .recursive(true)
         .mode(0o700)
@@ -246,44 +284,26 @@ fn ensure_same_spec(existing: &Volume, request: &CreateRequest, size: u64) -> Re
             format_size(size)
         ));
     }
-    if existing.mode.name() != request.mode.name() {
-        differences.push(format!(
-            "mode {} (asked {})",
-            existing.mode.name(),
-            request.mode.name()
-        ));
-    } else if let (
+    let (fs_type, mkfs_options) = match &request.mode {
         Mode::Filesystem {
-            fs_type: a,
-            mkfs_options: oa,
+            fs_type,
+            mkfs_options,
+        } => (Some(*fs_type), Some(mkfs_options.as_slice())),
+        Mode::Block => (None, None),
+    };
+    differences.extend(spec_differences(
+        existing,
+        &AskedSpec {
+            mode: Some(request.mode.name()),
+            fs_type,
+            mkfs_options,
+            path: request.path.as_deref(),
+            preallocate: Some(request.preallocate),
+            sector_size: request.sector_size,
         },
-        Mode::Filesystem {
-            fs_type: b,
-            mkfs_options: ob,
-        },
-    ) = (&existing.mode, &request.mode)
-    {
-        if a != b {
-            differences.push(format!("file system {a} (asked {b})"));
-        }
-        if !ob.is_empty() && oa != ob {
-            differences.push("mkfs options".to_string());
-        }
-    }
-    if request.path.as_ref().is_some_and(|p| *p != existing.path) {
-        differences.push(format!("path {}", existing.path.display()));
-    }
+    ));
     if request.name.is_some() && request.name != existing.name {
         differences.push("name".to_string());
-    }
-    if existing.preallocated != request.preallocate {
-        differences.push(format!("preallocated = {}", existing.preallocated));
-    }
-    if let Some(asked) = request.sector_size.filter(|s| *s != existing.sector_size) {
-        differences.push(format!(
-            "sector size {} (asked {asked})",
-            existing.sector_size
-        ));
     }
     if differences.is_empty() {
         return Ok(());
@@ -297,6 +317,58 @@ fn ensure_same_spec(existing: &Volume, request: &CreateRequest, size: u64) -> Re
         "the volume already exists with a different spec: {}{hint}",
         differences.join(", ")
     )
+}
+
+/// What a caller asks of a volume that exists already, beyond its size
+/// and name; `None` means "as it is".
+pub struct AskedSpec<'a> {
+    pub mode: Option<&'static str>,
+    pub fs_type: Option<FsType>,
+    /// Empty asks for nothing in particular.
+    pub mkfs_options: Option<&'a [String]>,
+    pub path: Option<&'a Path>,
+    pub preallocate: Option<bool>,
+    pub sector_size: Option<u32>,
+}
+
+/// The properties fixed when a volume was made (no command changes them)
+/// in which it differs from what is asked, one phrase each.
+pub fn spec_differences(existing: &Volume, asked: &AskedSpec) -> Vec<String> {
+    let mut differences = Vec::new();
+    if let Some(mode) = asked.mode.filter(|m| *m != existing.mode.name()) {
+        differences.push(format!("mode {} (asked {mode})", existing.mode.name()));
+    }
+    if let Mode::Filesystem {
+        fs_type,
+        mkfs_options,
+    } = &existing.mode
+    {
+        if let Some(asked_type) = asked.fs_type.filter(|t| t != fs_type) {
+            differences.push(format!("file system {fs_type} (asked {asked_type})"));
+        }
+        if asked
+            .mkfs_options
+            .is_some_and(|o| !o.is_empty() && o != mkfs_options.as_slice())
+        {
+            differences.push("mkfs options".to_string());
+        }
+    }
+    if asked.path.is_some_and(|p| p != existing.path) {
+        differences.push(format!("path {}", existing.path.display()));
+    }
+    if asked
+        .preallocate
+        .is_some_and(|p| p != existing.preallocated)
+    {
+        differences.push(format!("preallocated = {}", existing.preallocated));
+    }
+    if let Some(sector_size) = asked.sector_size.filter(|s| *s != existing.sector_size) {
+        differences.push(format!(
+            "sector size {} (asked {sector_size})",
+            existing.sector_size
+        ));
+    }
+    differences
 }
 
 /// A file at the final path but no registry entry: a create that crashed

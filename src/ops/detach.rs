@@ -49,10 +49,20 @@ pub fn detach(root: &SystemRoot, id: &VolumeId) -> Result<DetachReport> {
     detach_locked(root, id)
 }
 
+/// `detach --dry-run`: the devices a detach would release.
+pub fn plan_detach(root: &SystemRoot, id: &VolumeId) -> Result<DetachReport> {
+    let _lock = Registry::volume_lock(root, id)?;
+    release(root, id, false)
+}
+
 /// [`detach`] for a caller that holds the volume lock already.
 pub fn detach_locked(root: &SystemRoot, id: &VolumeId) -> Result<DetachReport> {
+    release(root, id, true)
+}
+
+fn release(root: &SystemRoot, id: &VolumeId, really: bool) -> Result<DetachReport> {
     let (devices, found_by) = find_bound(root, id)?;
-    for (number, status) in &devices {
+    for (number, status) in devices.iter().filter(|_| really) {
         detach_device(*number, status.backing())?;
     }
     let numbers: Vec<u32> = devices.iter().map(|(number, _)| *number).collect();

@@ -5,7 +5,10 @@
 use anyhow::{Context, Result};
 use serde::Serialize;
 
-use super::activate::{start_attached, stop_detached, UnitOutcome};
+use super::activate::{
+    attached_devices, refuse_if_in_use, start_attached, stop_detached, UnitOutcome,
+};
+use super::attach::attach_planned;
 use super::Report;
 use crate::paths::{SystemRoot, VOLUMES_TARGET};
 use crate::registry::Registry;
@@ -45,21 +48,30 @@ impl Report for EnableReport {
     }
 }
 
-pub fn enable(root: &SystemRoot, id: &VolumeId, now: bool) -> Result<EnableReport> {
-    set_enabled(root, id, true, now)
+pub fn enable(root: &SystemRoot, id: &VolumeId, now: bool, dry_run: bool) -> Result<EnableReport> {
+    set_enabled(root, id, true, now, dry_run)
 }
 
-pub fn disable(root: &SystemRoot, id: &VolumeId, now: bool) -> Result<EnableReport> {
-    set_enabled(root, id, false, now)
+pub fn disable(root: &SystemRoot, id: &VolumeId, now: bool, dry_run: bool) -> Result<EnableReport> {
+    set_enabled(root, id, false, now, dry_run)
 }
 
-fn set_enabled(root: &SystemRoot, id: &VolumeId, enabled: bool, now: bool) -> Result<EnableReport> {
+fn set_enabled(
+    root: &SystemRoot,
+    id: &VolumeId,
+    enabled: bool,
+    now: bool,
+    dry_run: bool,
+) -> Result<EnableReport> {
     let registry = Registry::open(root.clone());
     // Check what can fail before changing anything: an unknown volume, or
     // no systemd to tell about the change.
     registry.require(id)?;
     let systemd = Systemd::connect()?;
     let unit = unit_name(id);
+    if dry_run {
+        return planned(root, &systemd, id, enabled, now);
+    }
     // disable --now stops first: a stop that fails (the volume is in use)
     // then leaves the flag as it was, not half a change.
     let stopped = if now && !enabled {
@@ -118,6 +130,43 @@ fn set_enabled(root: &SystemRoot, id: &VolumeId, enabled: bool, now: bool) -> Re
         job_result,
         active_state,
         sub_state,
+    })
+}
+
+/// What `set_enabled` would change, after the checks it runs first (the
+/// volume registered, systemd reachable; for a start, the content; for a
+/// stop, nothing holding the volume).
+fn planned(
+    root: &SystemRoot,
+    systemd: &Systemd,
+    id: &VolumeId,
+    enabled: bool,
+    now: bool,
+) -> Result<EnableReport> {
+    let unit = unit_name(id);
+    let flag_changed = Registry::open(root.clone()).require(id)?.enabled != enabled;
+    let reloaded = flag_changed || !systemd_agrees(systemd, &unit, enabled);
+    let state = systemd.unit_state(&unit)?;
+    let unit_changes = match (now, enabled) {
+        (false, _) => false,
+        (true, true) => {
+            let attached = attach_planned(root, id)?.is_some();
+            !attached || !state.is_active()
+        }
+        (true, false) => {
+            refuse_if_in_use(root, id)?;
+            !state.is_inactive() || !attached_devices(root, id)?.is_empty()
+        }
+    };
+    Ok(EnableReport {
+        changed: flag_changed || reloaded || unit_changes,
+        uuid: id.to_string(),
+        unit,
+        enabled,
+        reloaded,
+        job_result: None,
+        active_state: now.then(|| state.active_state.clone()),
+        sub_state: now.then_some(state.sub_state),
     })
 }
 

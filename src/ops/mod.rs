@@ -2,6 +2,7 @@
 //! that the CLI prints for people or as one JSON object.
 
 pub mod activate;
+pub mod apply;
 pub mod attach;
 pub mod check;
 pub mod create;

@@ -32,6 +32,8 @@ pub struct RegisterRequest {
     pub path: PathBuf,
     pub mode: RegisterMode,
     pub name: Option<String>,
+    /// Every check, nothing registered.
+    pub dry_run: bool,
     /// Detected from the content when not given; refused when the content
     /// does not read with it.
     pub sector_size: Option<u32>,
@@ -97,6 +99,9 @@ pub fn register(root: &SystemRoot, request: &RegisterRequest) -> Result<Register
         );
     }
 
+    if let Some(name) = &request.name {
+        registry.ensure_name_free(name, &id)?;
+    }
     let host_path = root.host_path(&request.path);
     let file = open_backing_file(&host_path, true)?;
     let size = file.metadata()?.len();
@@ -127,6 +132,9 @@ pub fn register(root: &SystemRoot, request: &RegisterRequest) -> Result<Register
         sector_size,
     };
     volume.validate()?;
+    if request.dry_run {
+        return Ok(report(true, &volume));
+    }
     registry.put(&volume)?;
     // An adopted file that still carries a create's mark must not look
     // like a leftover to `check --repair`.

@@ -12,7 +12,7 @@ use serde::Serialize;
 
 use super::Report;
 
-use super::activate::{bring_down_now, reload_if_reachable};
+use super::activate::{attached_devices, bring_down_now, refuse_if_in_use, reload_if_reachable};
 use super::detach::detach_locked;
 use crate::backing::open_backing_file;
 use crate::crashpoint;
@@ -47,7 +47,14 @@ impl Report for RemoveReport {
     }
 }
 
-pub fn remove(root: &SystemRoot, id: &VolumeId, delete_data: bool) -> Result<RemoveReport> {
+/// With `dry_run`, the checks (the file is this volume's, nothing has the
+/// volume mounted) run under the same lock, and nothing changes.
+pub fn remove(
+    root: &SystemRoot,
+    id: &VolumeId,
+    delete_data: bool,
+    dry_run: bool,
+) -> Result<RemoveReport> {
     let registry = Registry::open(root.clone());
     let _lock = registry.lock()?;
     let Some(volume) = registry.get(id)? else {
@@ -64,6 +71,16 @@ pub fn remove(root: &SystemRoot, id: &VolumeId, delete_data: bool) -> Result<Rem
         // Before anything is stopped: an entry pointing at another
         // volume's file must not even detach that volume.
         verify_identity(&volume, &host_path)?;
+    }
+    if dry_run {
+        refuse_if_in_use(root, id)?;
+        return Ok(RemoveReport {
+            changed: true,
+            uuid: id.to_string(),
+            detached: attached_devices(root, id)?,
+            data_deleted: delete_data && host_path.exists(),
+            path: Some(volume.path),
+        });
     }
     // Refuses (and changes nothing) while the volume is mounted. The
     // unit's ExecStop takes the volume lock itself, so it is not held yet.

@@ -52,7 +52,14 @@ impl Report for ResizeReport {
     }
 }
 
-pub fn resize(root: &SystemRoot, id: &VolumeId, requested: u64) -> Result<ResizeReport> {
+/// With `dry_run`, every check runs (under the same locks) and nothing
+/// grows.
+pub fn resize(
+    root: &SystemRoot,
+    id: &VolumeId,
+    requested: u64,
+    dry_run: bool,
+) -> Result<ResizeReport> {
     let size = round_up_to_mib(requested)?;
     check_size(size).map_err(anyhow::Error::msg)?;
     let registry = Registry::open(root.clone());
@@ -109,6 +116,9 @@ pub fn resize(root: &SystemRoot, id: &VolumeId, requested: u64) -> Result<Resize
         );
     }
 
+    if dry_run {
+        return Ok(report(true, device_paths(&devices)));
+    }
     if file.metadata()?.len() < size {
         allocate(&file, size, volume.preallocated)?;
         file.sync_all().context("syncing the grown backing file")?;
@@ -133,13 +143,14 @@ pub fn resize(root: &SystemRoot, id: &VolumeId, requested: u64) -> Result<Resize
 
     volume.size = size;
     registry.put(&volume)?;
-    Ok(report(
-        true,
-        devices
-            .iter()
-            .map(|&n| LoopDevice::path_of(n).display().to_string())
-            .collect(),
-    ))
+    Ok(report(true, device_paths(&devices)))
+}
+
+fn device_paths(devices: &[u32]) -> Vec<String> {
+    devices
+        .iter()
+        .map(|&n| LoopDevice::path_of(n).display().to_string())
+        .collect()
 }
 
 fn grow_partition(file: &File, volume: &Volume, devices: &[u32]) -> Result<()> {

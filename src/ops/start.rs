@@ -6,11 +6,14 @@ use std::path::PathBuf;
 use anyhow::Result;
 use serde::Serialize;
 
-use super::activate::{start_attached, stop_detached, UnitOutcome};
+use super::activate::{
+    attached_devices, refuse_if_in_use, start_attached, stop_detached, UnitOutcome,
+};
+use super::attach::attach_planned;
 use super::Report;
 use crate::paths::SystemRoot;
 use crate::registry::Registry;
-use crate::systemd::{unit_name, Systemd};
+use crate::systemd::{unit_name, Systemd, UnitState};
 use crate::volume_id::VolumeId;
 
 #[derive(Debug, Serialize)]
@@ -41,23 +44,48 @@ impl Report for StartReport {
     }
 }
 
-pub fn start(root: &SystemRoot, id: &VolumeId) -> Result<StartReport> {
+pub fn start(root: &SystemRoot, id: &VolumeId, dry_run: bool) -> Result<StartReport> {
     // The unit's attach refuses unregistered volumes too; saying so here
     // is clearer than a failed job.
     Registry::open(root.clone()).require(id)?;
     let systemd = Systemd::connect()?;
+    if dry_run {
+        let device = attach_planned(root, id)?;
+        let state = systemd.unit_state(&unit_name(id))?;
+        let changed = device.is_none() || !state.is_active();
+        return Ok(planned(id, changed, state, device));
+    }
     let activation = start_attached(root, &systemd, id)?;
     Ok(report(id, activation.unit, activation.device))
 }
 
 /// Needs no registry entry: like `detach`, a volume's unit must be
 /// stoppable after its configuration is gone.
-pub fn stop(root: &SystemRoot, id: &VolumeId) -> Result<StartReport> {
+pub fn stop(root: &SystemRoot, id: &VolumeId, dry_run: bool) -> Result<StartReport> {
     let systemd = Systemd::connect()?;
+    if dry_run {
+        refuse_if_in_use(root, id)?;
+        let state = systemd.unit_state(&unit_name(id))?;
+        let changed = !state.is_inactive() || !attached_devices(root, id)?.is_empty();
+        return Ok(planned(id, changed, state, None));
+    }
     let deactivation = stop_detached(root, Some(&systemd), id)?;
     let mut report = report(id, deactivation.unit, None);
     report.changed |= deactivation.changed;
     Ok(report)
+}
+
+/// A dry run's report: the unit as it is, and whether it would change.
+fn planned(id: &VolumeId, changed: bool, state: UnitState, device: Option<PathBuf>) -> StartReport {
+    report(
+        id,
+        Some(UnitOutcome {
+            changed,
+            job_result: None,
+            state,
+        }),
+        device,
+    )
 }
 
 fn report(id: &VolumeId, outcome: Option<UnitOutcome>, device: Option<PathBuf>) -> StartReport {

@@ -13,7 +13,7 @@ use std::fs;
 use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
 
-use anyhow::{Context, Result};
+use anyhow::{bail, Context, Result};
 
 pub use config::{Config, Reserve};
 pub use error::RegistryError;
@@ -26,6 +26,7 @@ pub use volume::{
 use crate::fsutil::{write_atomically, ExclusiveLock};
 use crate::paths::{SystemRoot, CONFIG_DIR};
 use crate::volume_id::VolumeId;
+use crate::volume_ref::{check_name_as_reference, VolumeRef};
 
 pub struct Registry {
     root: SystemRoot,
@@ -233,6 +234,66 @@ impl Registry {
                 self.root.volume_file(id).display()
             )
         })
+    }
+
+    /// Every readable volume that carries `name`. More than one is an
+    /// ambiguity made by hand (or before names were unique): commands that
+    /// look a volume up by name refuse it rather than guess.
+    pub fn named(&self, name: &str) -> Result<Vec<Volume>> {
+        Ok(self
+            .entries()?
+            .into_iter()
+            .filter_map(|entry| entry.volume.ok())
+            .filter(|volume| volume.name.as_deref() == Some(name))
+            .collect())
+    }
+
+    /// The one volume that carries `name`, if any; several are an error
+    /// naming them all.
+    pub fn volume_named(&self, name: &str) -> Result<Option<Volume>> {
+        let mut found = self.named(name)?;
+        match found.len() {
+            0 | 1 => Ok(found.pop()),
+            several => bail!(
+                "the name {name:?} is given to {several} volumes ({}); name one by its UUID",
+                found
+                    .iter()
+                    .map(|v| v.id.to_string())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+        }
+    }
+
+    /// Refuses to give `name` to volume `id` when another volume has it.
+    /// Call under [`Registry::lock`], so that no create can take the name
+    /// between this check and the write.
+    pub fn ensure_name_free(&self, name: &str, id: &VolumeId) -> Result<()> {
+        check_name_as_reference(name).map_err(anyhow::Error::msg)?;
+        match self.volume_named(name)? {
+            Some(other) if other.id != *id => bail!(
+                "the name {name:?} is already given to volume {}; a name names one volume on a node",
+                other.id
+            ),
+            _ => Ok(()),
+        }
+    }
+
+    /// The UUID a command's volume argument stands for. A UUID stands for
+    /// itself, registered or not (detach needs no entry); a name must
+    /// name exactly one registered volume.
+    pub fn resolve(&self, volume: &VolumeRef) -> Result<VolumeId> {
+        let name = match volume {
+            VolumeRef::Id(id) => return Ok(*id),
+            VolumeRef::Name(name) => name,
+        };
+        if let Some(volume) = self.volume_named(name)? {
+            return Ok(volume.id);
+        }
+        match &self.directory_problem {
+            Some(problem) => Err(problem.clone().into()),
+            None => bail!("no volume is named {name:?}"),
+        }
     }
 
     /// Writes (creates or replaces) a volume's file atomically.

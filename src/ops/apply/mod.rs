@@ -1,0 +1,417 @@
+//! `sparse-volume apply`: converges one volume to a desired state, for
+//! config management. It decides what to do from the registry and the
+//! device, then does it through the same operations as `create`, `resize`,
+//! `enable`/`disable`, `start`/`stop` and `remove`, so every rule and every
+//! refusal of those holds here too. With `--dry-run` each step runs its
+//! checks and stops before changing anything.
+
+pub mod desired;
+mod record;
+
+use anyhow::{anyhow, bail, Context, Result};
+use serde::Serialize;
+
+use super::activate::{
+    attached_devices, bring_down_now, bring_up_now, refuse_if_in_use, reload_if_reachable,
+};
+use super::attach::attach_planned;
+use super::create::{self, round_up_to_mib, spec_differences, AskedSpec, CreateRequest};
+use super::{remove, resize, Report};
+use crate::cli::ModeArg;
+use crate::paths::SystemRoot;
+use crate::registry::{Mode, Registry, Volume};
+use crate::size::format_size;
+use crate::systemd::Systemd;
+use crate::volume_id::VolumeId;
+use desired::{Desired, State};
+pub use record::VolumeRecord;
+use record::{record, record_without_runtime};
+
+use super::inspect::UNKNOWN;
+
+/// Stands for the UUID a dry run of a create cannot know.
+pub const UUID_PLACEHOLDER: &str = "<uuid>";
+
+#[derive(Debug, Serialize)]
+pub struct ApplyReport {
+    pub changed: bool,
+    /// Null when the volume neither exists nor will (absent), or when a
+    /// dry run would create it under a UUID chosen then.
+    pub uuid: Option<String>,
+    pub name: Option<String>,
+    pub state: State,
+    pub dry_run: bool,
+    /// What was done (or, in a dry run, would be), in order.
+    pub actions: Vec<String>,
+    pub before: Option<VolumeRecord>,
+    pub after: Option<VolumeRecord>,
+    #[serde(skip)]
+    warnings: Vec<String>,
+}
+
+impl Report for ApplyReport {
+    fn human(&self) -> String {
+        let who = match (&self.name, &self.uuid) {
+            (Some(name), Some(uuid)) => format!("{name} ({uuid})"),
+            (Some(name), None) => name.clone(),
+            (None, Some(uuid)) => uuid.clone(),
+            (None, None) => "the volume".into(),
+        };
+        match (self.actions.is_empty(), self.dry_run) {
+            (true, _) => format!("{who} is already as asked ({})", state_name(self.state)),
+            (false, false) => format!("{who}: {}", self.actions.join(", ")),
+            (false, true) => format!("{who} would change: {}", self.actions.join(", ")),
+        }
+    }
+
+    fn warnings(&self) -> Vec<String> {
+        self.warnings.clone()
+    }
+}
+
+fn state_name(state: State) -> &'static str {
+    match state {
+        State::Present => "present",
+        State::Absent => "absent",
+    }
+}
+
+pub fn apply(root: &SystemRoot, desired: &Desired, dry_run: bool) -> Result<ApplyReport> {
+    desired.check().map_err(|reason| anyhow!(reason))?;
+    let systemd = Systemd::connect().ok();
+    let registry = Registry::open(root.clone());
+    let existing = find(&registry, desired)?;
+    let before = existing
+        .as_ref()
+        .map(|volume| record(root, systemd.as_ref(), volume))
+        .transpose()?;
+    let mut converge = Converge {
+        root,
+        desired,
+        dry_run,
+        actions: Vec::new(),
+        warnings: Vec::new(),
+    };
+    let planned = match (desired.state, existing) {
+        (State::Absent, None) => None,
+        (State::Absent, Some(volume)) => {
+            converge.remove(&volume, before.as_ref())?;
+            None
+        }
+        (State::Present, None) => Some(converge.create(&registry)?),
+        (State::Present, Some(volume)) => Some(converge.update(volume, before.as_ref())?),
+    };
+    let after = match planned {
+        // A dry run changed nothing to read back: what the registry would
+        // say, with the device and unit as they are.
+        Some(volume) if dry_run => {
+            let mut after = record_without_runtime(&volume);
+            if let Some(before) = &before {
+                after.device = before.device.clone();
+                after.active_state = before.active_state.clone();
+            }
+            // The UUID (and the default file name made of it) is chosen
+            // when the volume is made, not now.
+            if desired.uuid.is_none() && before.is_none() {
+                after.uuid = None;
+                if desired.path.is_none() {
+                    after.path.set_file_name(UUID_PLACEHOLDER);
+                }
+            }
+            Some(after)
+        }
+        Some(volume) => Some(record(
+            root,
+            systemd.as_ref(),
+            &registry.require(&volume.id)?,
+        )?),
+        None => None,
+    };
+    let uuid = after
+        .as_ref()
+        .or(before.as_ref())
+        .and_then(|r| r.uuid.clone())
+        .or_else(|| desired.uuid.map(|id| id.to_string()));
+    Ok(ApplyReport {
+        changed: !converge.actions.is_empty(),
+        uuid,
+        name: after
+            .as_ref()
+            .or(before.as_ref())
+            .and_then(|r| r.name.clone())
+            .or_else(|| desired.name.clone()),
+        state: desired.state,
+        dry_run,
+        actions: converge.actions,
+        before,
+        after,
+        warnings: converge.warnings,
+    })
+}
+
+/// The volume the desired state is about: by UUID, by name, or by both
+/// when they agree.
+fn find(registry: &Registry, desired: &Desired) -> Result<Option<Volume>> {
+    let named = match &desired.name {
+        Some(name) => registry.volume_named(name)?,
+        None => None,
+    };
+    match desired.uuid {
+        Some(id) => {
+            if let Some(other) = named.filter(|v| v.id != id) {
+                bail!(
+                    "the name {:?} is already given to volume {}; a name names one volume on a node",
+                    desired.name.as_deref().unwrap_or_default(),
+                    other.id
+                );
+            }
+            Ok(registry.get(&id)?)
+        }
+        None => Ok(named),
+    }
+}
+
+struct Converge<'a> {
+    root: &'a SystemRoot,
+    desired: &'a Desired,
+    dry_run: bool,
+    actions: Vec<String>,
+    warnings: Vec<String>,
+}
+
+impl Converge<'_> {
+    fn create(&mut self, registry: &Registry) -> Result<Volume> {
+        let desired = self.desired;
+        let size = desired
+            .size
+            .context("the volume does not exist; a size is needed to create it")?;
+        let mode = desired
+            .mode
+            .unwrap_or(ModeArg::Filesystem)
+            .to_mode(
+                desired.fs_type,
+                desired.mkfs_options.clone().unwrap_or_default(),
+            )
+            .map_err(|reason| anyhow!(reason))?;
+        let created = create::create(
+            self.root,
+            &CreateRequest {
+                size,
+                mode: mode.clone(),
+                uuid: desired.uuid,
+                name: desired.name.clone(),
+                path: desired.path.clone(),
+                preallocate: desired.preallocate.unwrap_or(false),
+                sector_size: desired.sector_size,
+                now: false,
+                dry_run: self.dry_run,
+            },
+        )?;
+        let id: VolumeId = created.uuid.parse().map_err(|e: String| anyhow!(e))?;
+        if created.changed {
+            self.actions.push(format!(
+                "create a {} volume of {}",
+                describe_mode(&mode),
+                format_size(created.size)
+            ));
+        }
+        let volume = if self.dry_run {
+            Volume {
+                id,
+                path: created.path,
+                size: created.size,
+                mode,
+                enabled: true,
+                read_only: false,
+                direct_io: registry.config().direct_io,
+                preallocated: created.preallocated,
+                name: desired.name.clone(),
+                sector_size: created.sector_size,
+            }
+        } else {
+            registry.require(&id)?
+        };
+        self.settle(volume, None, created.changed)
+    }
+
+    fn update(&mut self, volume: Volume, before: Option<&VolumeRecord>) -> Result<Volume> {
+        let desired = self.desired;
+        let (fs_type, mkfs_options) = match desired.mode {
+            Some(ModeArg::Block) => (None, None),
+            _ => (desired.fs_type, desired.mkfs_options.as_deref()),
+        };
+        let differences = spec_differences(
+            &volume,
+            &AskedSpec {
+                mode: desired.mode.map(|m| match m {
+                    ModeArg::Filesystem => "filesystem",
+                    ModeArg::Block => "block",
+                }),
+                fs_type,
+                mkfs_options,
+                path: desired.path.as_deref(),
+                preallocate: desired.preallocate,
+                sector_size: desired.sector_size,
+            },
+        );
+        if !differences.is_empty() {
+            bail!(
+                "the volume exists with a different spec that cannot be changed: {}",
+                differences.join(", ")
+            );
+        }
+        let mut volume = volume;
+        if let Some(asked) = desired.size {
+            if round_up_to_mib(asked)? != volume.size {
+                // Refuses to shrink, with both sizes, like `resize`.
+                let grown = resize::resize(self.root, &volume.id, asked, self.dry_run)?;
+                self.actions.push(format!(
+                    "resize {} to {}",
+                    format_size(grown.old_size),
+                    format_size(grown.size)
+                ));
+                volume.size = grown.size;
+            }
+        }
+        self.settle(volume, before, false)
+    }
+
+    /// The registry flags and, with `now`, the unit: the same for a volume
+    /// just created and one that existed.
+    fn settle(
+        &mut self,
+        mut volume: Volume,
+        before: Option<&VolumeRecord>,
+        created: bool,
+    ) -> Result<Volume> {
+        let desired = self.desired;
+        let mut changes = Vec::new();
+        if let Some(name) = desired
+            .name
+            .as_ref()
+            .filter(|n| volume.name.as_ref() != Some(*n))
+        {
+            changes.push(format!("rename to {name:?}"));
+        }
+        if let Some(enabled) = desired.enabled.filter(|e| *e != volume.enabled) {
+            changes.push(if enabled { "enable" } else { "disable" }.to_string());
+        }
+        if let Some(read_only) = desired.read_only.filter(|r| *r != volume.read_only) {
+            changes.push(if read_only { "read-only" } else { "read-write" }.to_string());
+            if before.is_some_and(|b| b.device.is_some()) {
+                self.warnings.push(
+                    "the read_only flag takes effect when the volume is next attached".into(),
+                );
+            }
+        }
+        let enabled_changed = desired.enabled.is_some_and(|e| e != volume.enabled);
+        if !changes.is_empty() {
+            volume = self.set_flags(volume, created)?;
+            self.actions.extend(changes);
+        }
+        if (enabled_changed || created) && !self.dry_run {
+            reload_if_reachable()?;
+        }
+        if desired.now {
+            self.bring_in_line(&volume, before, created)?;
+        }
+        Ok(volume)
+    }
+
+    /// Writes the flags under the registry lock, where a concurrent create
+    /// cannot take the name meanwhile. A dry run of a create has no entry
+    /// to write yet: its flags change in memory only.
+    fn set_flags(&self, mut volume: Volume, created: bool) -> Result<Volume> {
+        let desired = self.desired;
+        let apply_to = |volume: &mut Volume| {
+            if let Some(name) = &desired.name {
+                volume.name = Some(name.clone());
+            }
+            if let Some(enabled) = desired.enabled {
+                volume.enabled = enabled;
+            }
+            if let Some(read_only) = desired.read_only {
+                volume.read_only = read_only;
+            }
+        };
+        if self.dry_run && created {
+            apply_to(&mut volume);
+            return Ok(volume);
+        }
+        let registry = Registry::open(self.root.clone());
+        let _lock = registry.lock()?;
+        if let Some(name) = &desired.name {
+            registry.ensure_name_free(name, &volume.id)?;
+        }
+        // A dry run keeps what earlier steps planned (a size not written);
+        // a real one starts from what they wrote.
+        if !self.dry_run {
+            volume = registry.require(&volume.id)?;
+        }
+        apply_to(&mut volume);
+        volume.validate()?;
+        if !self.dry_run {
+            registry.put(&volume)?;
+        }
+        Ok(volume)
+    }
+
+    /// `now`: an enabled volume attached (its unit started), a disabled one
+    /// detached (its unit stopped).
+    fn bring_in_line(
+        &mut self,
+        volume: &Volume,
+        before: Option<&VolumeRecord>,
+        created: bool,
+    ) -> Result<()> {
+        let id = &volume.id;
+        let attached = if self.dry_run && created {
+            false
+        } else {
+            !attached_devices(self.root, id)?.is_empty()
+        };
+        let unit_active = before.is_some_and(|b| b.active_state == "active");
+        let unit_known = before.is_some_and(|b| b.active_state != UNKNOWN);
+        if volume.enabled && (!attached || (unit_known && !unit_active)) {
+            if !self.dry_run {
+                // `settle` reloaded systemd after a create already.
+                bring_up_now(self.root, id, false)?;
+            } else if !created {
+                attach_planned(self.root, id)?;
+            }
+            self.actions.push("start".into());
+        } else if !volume.enabled && (attached || unit_active) {
+            if self.dry_run {
+                refuse_if_in_use(self.root, id)?;
+            } else {
+                bring_down_now(self.root, id)?;
+            }
+            self.actions.push("stop".into());
+        }
+        Ok(())
+    }
+
+    fn remove(&mut self, volume: &Volume, before: Option<&VolumeRecord>) -> Result<()> {
+        let removed = remove::remove(
+            self.root,
+            &volume.id,
+            self.desired.delete_data,
+            self.dry_run,
+        )?;
+        if before.is_some_and(|b| b.device.is_some() || b.active_state == "active") {
+            self.actions.push("stop".into());
+        }
+        self.actions.push("remove".into());
+        if removed.data_deleted {
+            self.actions.push("delete-data".into());
+        }
+        Ok(())
+    }
+}
+
+fn describe_mode(mode: &Mode) -> String {
+    match mode {
+        Mode::Filesystem { fs_type, .. } => format!("filesystem ({fs_type})"),
+        Mode::Block => "block".into(),
+    }
+}

@@ -1,0 +1,500 @@
+//! `apply`, `--dry-run` and names as identities, with real files, real
+//! mkfs and real loop devices. The dry-run invariant is checked for every
+//! state-changing command: a dry run leaves the registry, the backing
+//! files and the loop devices exactly as they were (compared by bytes,
+//! inode, size, blocks and mtime, and `losetup`'s listing), and says what
+//! the real run then does: the same `changed`, the same actions, the same
+//! refusal.
+
+mod common;
+
+use std::fs;
+use std::process::Command;
+
+use common::{loops_of, new_uuid, tool, Fixture, Run};
+use serde_json::Value;
+
+/// Everything a state change could touch, as other tools see it: each
+/// file under the registry and the storage root (name, inode, size,
+/// blocks, mode, mtime, SHA-256) and the loop devices with their files.
+/// The run directory (lock files) is left out: taking a lock is no change.
+fn snapshot(fx: &Fixture) -> String {
+    let mut listing = String::new();
+    for dir in ["/etc/sparse-volume", "/var/lib/sparse-volume"] {
+        let dir = fx.host(dir);
+        listing += &tool(
+            "find",
+            &[dir.to_str().unwrap(), "-printf", "%p %i %s %b %m %T@\\n"],
+        );
+        listing += &tool(
+            "find",
+            &[
+                dir.to_str().unwrap(),
+                "-type",
+                "f",
+                "-exec",
+                "sha256sum",
+                "{}",
+                "+",
+            ],
+        );
+    }
+    let mut devices: Vec<String> = tool(
+        "losetup",
+        &[
+            "--list",
+            "--noheadings",
+            "--output",
+            "NAME,BACK-FILE,RO,DIO",
+        ],
+    )
+    .lines()
+    .filter(|line| line.contains(&*fx.root.path().to_string_lossy()))
+    // Columns are padded to the longest file of any test's device.
+    .map(|line| line.split_whitespace().collect::<Vec<_>>().join(" "))
+    .collect();
+    devices.sort();
+    listing + &devices.join("\n")
+}
+
+/// `args` with `--dry-run`, then for real. The dry run must change nothing
+/// and agree with the real run: exit status, `changed`, the actions of
+/// `apply`, and a refusal's message.
+fn dry_then_real(fx: &Fixture, args: &[&str]) -> (Run, Run) {
+    let before = snapshot(fx);
+    let dry = fx.run(&[args, &["--dry-run", "--json"]].concat());
+    assert_eq!(
+        snapshot(fx),
+        before,
+        "the dry run of {args:?} changed something: {}",
+        dry.stdout
+    );
+    let real = fx.run(&[args, &["--json"]].concat());
+    assert_eq!(
+        dry.code, real.code,
+        "{args:?}: dry run exit {} ({}), real run exit {} ({})",
+        dry.code, dry.stderr, real.code, real.stderr
+    );
+    let (dry_report, real_report) = (dry.json(), real.json());
+    if real.code == 0 {
+        assert_eq!(dry_report["dry_run"], true, "{}", dry.stdout);
+        assert_eq!(real_report["dry_run"], false, "{}", real.stdout);
+        assert_eq!(
+            dry_report["changed"], real_report["changed"],
+            "{args:?}: the dry run said changed = {}, the real run {}",
+            dry_report["changed"], real_report["changed"]
+        );
+        assert_eq!(dry_report["actions"], real_report["actions"], "{args:?}");
+    } else {
+        assert_eq!(dry_report["error"], real_report["error"], "{args:?}");
+    }
+    (dry, real)
+}
+
+/// `apply`'s planned registry record against the one written (a create
+/// without a UUID has none in its plan; device and unit are runtime).
+fn assert_planned_record(dry: &Run, real: &Run) {
+    let strip = |run: &Run| {
+        let mut after = run.json()["after"].clone();
+        if let Some(record) = after.as_object_mut() {
+            record.remove("device");
+            record.remove("active_state");
+            if dry_created_without_uuid(&run.json()) {
+                record.remove("uuid");
+            }
+        }
+        after
+    };
+    let (planned, mut written) = (strip(dry), strip(real));
+    if let (Some(p), Some(w)) = (planned.as_object(), written.as_object_mut()) {
+        if p.get("uuid").is_none() {
+            // The plan names the file after a UUID not chosen yet.
+            let uuid = w.remove("uuid").expect("the real run's UUID");
+            let path = w["path"]
+                .as_str()
+                .expect("path")
+                .replace(uuid.as_str().expect("uuid"), "<uuid>");
+            w.insert("path".into(), path.into());
+        }
+    }
+    assert_eq!(
+        planned, written,
+        "the dry run planned another record than the real run wrote"
+    );
+}
+
+fn dry_created_without_uuid(report: &Value) -> bool {
+    report["dry_run"] == true && report["before"].is_null() && report["uuid"].is_null()
+}
+
+fn apply(fx: &Fixture, document: &str, dry_run: bool) -> Run {
+    let mut command = fx.command(&["apply", "--stdin", "--json"]);
+    if dry_run {
+        command.arg("--dry-run");
+    }
+    let output = command
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .and_then(|mut child| {
+            use std::io::Write;
+            child
+                .stdin
+                .take()
+                .expect("stdin")
+                .write_all(document.as_bytes())?;
+            child.wait_with_output()
+        })
+        .expect("running sparse-volume apply");
+    Run {
+        code: output.status.code().unwrap_or(-1),
+        stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
+    }
+}
+
+/// `apply` with a document, dry and real, as [`dry_then_real`] does.
+fn apply_dry_then_real(fx: &Fixture, document: &str) -> (Run, Run) {
+    let before = snapshot(fx);
+    let dry = apply(fx, document, true);
+    assert_eq!(
+        snapshot(fx),
+        before,
+        "the dry run of {document} changed something: {}",
+        dry.stdout
+    );
+    let real = apply(fx, document, false);
+    assert_eq!(
+        dry.code, real.code,
+        "{document}: {} / {}",
+        dry.stderr, real.stderr
+    );
+    if real.code == 0 {
+        assert_eq!(dry.json()["changed"], real.json()["changed"], "{document}");
+        assert_eq!(dry.json()["actions"], real.json()["actions"], "{document}");
+        assert_planned_record(&dry, &real);
+    } else {
+        assert_eq!(dry.json()["error"], real.json()["error"], "{document}");
+    }
+    (dry, real)
+}
+
+fn actions(run: &Run) -> Vec<String> {
+    run.json()["actions"]
+        .as_array()
+        .expect("actions is a list")
+        .iter()
+        .map(|a| a.as_str().expect("an action is text").to_string())
+        .collect()
+}
+
+fn registry_entry(fx: &Fixture, uuid: &str) -> toml::Table {
+    toml::from_str(&fs::read_to_string(fx.registry_file(uuid)).expect("registry file"))
+        .expect("registry TOML")
+}
+
+#[test]
+fn every_state_changing_command_dry_runs_like_it_runs() {
+    let fx = Fixture::new();
+    let (_, created) = dry_then_real(&fx, &["create", "--size", "64M", "--name", "alpha"]);
+    let alpha = created.json()["uuid"].as_str().expect("uuid").to_string();
+    assert!(fx.backing(&alpha).exists());
+    // Repeated, and with another spec under the same name.
+    let (_, again) = dry_then_real(&fx, &["create", "--size", "64M", "--name", "alpha"]);
+    assert_eq!(again.json()["changed"], false);
+    let (_, refused) = dry_then_real(&fx, &["create", "--size", "1G", "--name", "alpha"]);
+    assert_eq!(refused.code, 1);
+    assert!(refused.stderr.contains(&alpha), "{}", refused.stderr);
+
+    dry_then_real(&fx, &["resize", "alpha", "--size", "96M"]);
+    assert_eq!(
+        registry_entry(&fx, &alpha)["size"].as_integer(),
+        Some(96 << 20)
+    );
+    let (_, shrink) = dry_then_real(&fx, &["resize", "alpha", "--size", "64M"]);
+    assert!(
+        shrink.stderr.contains("shrinking is not supported"),
+        "{}",
+        shrink.stderr
+    );
+
+    let (_, attached) = dry_then_real(&fx, &["attach", "alpha"]);
+    assert_eq!(attached.json()["changed"], true);
+    assert_eq!(loops_of(&fx.backing(&alpha)).len(), 1);
+    let (_, reattached) = dry_then_real(&fx, &["attach", &alpha]);
+    assert_eq!(reattached.json()["changed"], false);
+    dry_then_real(&fx, &["detach", "alpha"]);
+    assert!(loops_of(&fx.backing(&alpha)).is_empty());
+    let (_, detached) = dry_then_real(&fx, &["detach", "alpha"]);
+    assert_eq!(detached.json()["changed"], false);
+
+    // register: a file carrying the UUID is adopted; one that does not is
+    // refused, by the dry run too (content verification).
+    let beta = new_uuid();
+    fx.make_ext4(&beta);
+    let path = fx.logical_backing(&beta);
+    dry_then_real(
+        &fx,
+        &[
+            "register", "--uuid", &beta, "--path", &path, "--name", "beta",
+        ],
+    );
+    let stranger = new_uuid();
+    fx.sparse_file(&fx.backing(&stranger));
+    let stranger_path = fx.logical_backing(&stranger);
+    let (_, foreign) = dry_then_real(
+        &fx,
+        &["register", "--uuid", &stranger, "--path", &stranger_path],
+    );
+    assert_eq!(foreign.code, 1);
+
+    // Without systemd these are refused, and the dry run says so too.
+    for args in [
+        &["enable", "beta"][..],
+        &["disable", "beta", "--now"],
+        &["start", "beta"],
+        &["stop", "beta"],
+    ] {
+        let (_, run) = dry_then_real(&fx, args);
+        assert_eq!(run.code, 1, "{args:?}");
+    }
+    let before = snapshot(&fx);
+    let audit = fx.run(&["check", "--repair", "--dry-run", "--json"]);
+    assert_eq!(
+        snapshot(&fx),
+        before,
+        "check --repair --dry-run repaired: {}",
+        audit.stdout
+    );
+
+    dry_then_real(&fx, &["remove", "beta"]);
+    assert!(
+        fx.backing(&beta).exists(),
+        "remove without --delete-data deleted the file"
+    );
+    let (_, removed) = dry_then_real(&fx, &["remove", "alpha", "--delete-data"]);
+    assert_eq!(removed.json()["data_deleted"], true);
+    assert!(!fx.backing(&alpha).exists());
+}
+
+#[test]
+fn apply_converges_a_volume_step_by_step_and_its_dry_run_plans_each_step() {
+    let fx = Fixture::new();
+    let (_, created) = apply_dry_then_real(
+        &fx,
+        r#"{"name": "pg-data", "size": "64M", "enabled": false, "read_only": null, "uuid": null}"#,
+    );
+    assert_eq!(
+        actions(&created),
+        ["create a filesystem (ext4) volume of 64.0 MiB", "disable"]
+    );
+    let report = created.json();
+    let uuid = report["uuid"].as_str().expect("uuid").to_string();
+    assert!(report["before"].is_null());
+    assert_eq!(report["after"]["enabled"], false);
+    assert_eq!(registry_entry(&fx, &uuid)["enabled"].as_bool(), Some(false));
+    let probed = tool(
+        "blkid",
+        &[
+            "-o",
+            "value",
+            "-s",
+            "UUID",
+            fx.backing(&uuid).to_str().unwrap(),
+        ],
+    );
+    assert_eq!(probed.trim(), uuid, "the file holds another file system");
+
+    let (_, unchanged) = apply_dry_then_real(
+        &fx,
+        r#"{"name": "pg-data", "size": 67108864, "enabled": false}"#,
+    );
+    assert_eq!(unchanged.json()["changed"], false);
+    assert_eq!(unchanged.json()["before"], unchanged.json()["after"]);
+
+    // Grow, enable, make read-only and rename it, found by its UUID.
+    let document = format!(
+        "uuid = \"{uuid}\"\nname = \"pg-main\"\nsize = \"128M\"\nenabled = true\nread_only = true\n"
+    );
+    let (_, converged) = apply_dry_then_real(&fx, &document);
+    assert_eq!(
+        actions(&converged),
+        [
+            "resize 64.0 MiB to 128.0 MiB",
+            "rename to \"pg-main\"",
+            "enable",
+            "read-only"
+        ]
+    );
+    let entry = registry_entry(&fx, &uuid);
+    assert_eq!(entry["size"].as_integer(), Some(128 << 20));
+    assert_eq!(entry["name"].as_str(), Some("pg-main"));
+    assert_eq!(
+        fs::metadata(fx.backing(&uuid)).expect("backing").len(),
+        128 << 20
+    );
+
+    // Refusals: smaller, another file system, a name another volume has.
+    let (_, shrink) = apply_dry_then_real(&fx, r#"{"name": "pg-main", "size": "64M"}"#);
+    assert!(
+        shrink.stderr.contains("shrinking is not supported"),
+        "{}",
+        shrink.stderr
+    );
+    let (_, other_fs) = apply_dry_then_real(&fx, r#"{"name": "pg-main", "fs_type": "xfs"}"#);
+    assert!(
+        other_fs.stderr.contains("file system ext4 (asked xfs)"),
+        "{}",
+        other_fs.stderr
+    );
+    let (_, no_size) = apply_dry_then_real(&fx, r#"{"name": "new-one"}"#);
+    assert!(
+        no_size.stderr.contains("a size is needed"),
+        "{}",
+        no_size.stderr
+    );
+
+    // Absent keeps the data unless asked; absent twice is no change.
+    let (_, removed) = apply_dry_then_real(&fx, r#"{"name": "pg-main", "state": "absent"}"#);
+    assert_eq!(actions(&removed), ["remove"]);
+    assert!(fx.backing(&uuid).exists());
+    assert!(!fx.registry_file(&uuid).exists());
+    let (_, gone) = apply_dry_then_real(&fx, r#"{"name": "pg-main", "state": "absent"}"#);
+    assert_eq!(gone.json()["changed"], false);
+}
+
+#[test]
+fn apply_with_flags_and_now_attaches_and_detaches_without_systemd() {
+    let fx = Fixture::new();
+    let (_, up) = dry_then_real(
+        &fx,
+        &[
+            "apply", "--name", "blk", "--size", "64M", "--mode", "block", "--now",
+        ],
+    );
+    assert_eq!(actions(&up), ["create a block volume of 64.0 MiB", "start"]);
+    let uuid = up.json()["uuid"].as_str().expect("uuid").to_string();
+    assert_eq!(loops_of(&fx.backing(&uuid)).len(), 1);
+    let (_, steady) = dry_then_real(&fx, &["apply", "--name", "blk", "--now"]);
+    assert_eq!(steady.json()["changed"], false);
+    let (_, down) = dry_then_real(
+        &fx,
+        &["apply", "--name", "blk", "--enabled", "false", "--now"],
+    );
+    assert_eq!(actions(&down), ["disable", "stop"]);
+    assert!(loops_of(&fx.backing(&uuid)).is_empty());
+    let (_, deleted) = dry_then_real(
+        &fx,
+        &[
+            "apply",
+            "--name",
+            "blk",
+            "--state",
+            "absent",
+            "--delete-data",
+        ],
+    );
+    assert_eq!(actions(&deleted), ["remove", "delete-data"]);
+    assert!(!fx.backing(&uuid).exists());
+}
+
+#[test]
+fn a_dry_run_refuses_what_the_real_run_refuses_mounted_and_out_of_space() {
+    let fx = Fixture::new();
+    let storage = fx.mount_storage(256 << 20);
+    let (_, space) = apply_dry_then_real(&fx, r#"{"name": "big", "size": "1G"}"#);
+    assert_eq!(space.code, 1);
+    assert!(
+        space.stderr.contains("big") || space.stderr.contains("space"),
+        "{}",
+        space.stderr
+    );
+
+    let (_, created) = apply_dry_then_real(&fx, r#"{"name": "used", "size": "64M", "now": true}"#);
+    let uuid = created.json()["uuid"].as_str().expect("uuid").to_string();
+    let device = &loops_of(&fx.backing(&uuid))[0];
+    let mount_point = fx.host("/mnt");
+    fs::create_dir_all(&mount_point).unwrap();
+    // Read-only, so the consumer never writes the backing file itself
+    // (journal commits would change it under the snapshots).
+    tool(
+        "mount",
+        &["-o", "ro,noload", device, mount_point.to_str().unwrap()],
+    );
+    let (_, mounted) = apply_dry_then_real(&fx, r#"{"name": "used", "state": "absent"}"#);
+    let (_, stop) = apply_dry_then_real(&fx, r#"{"name": "used", "enabled": false, "now": true}"#);
+    let _ = Command::new("umount").arg(&mount_point).status();
+    assert_eq!(mounted.code, 1);
+    assert!(mounted.stderr.contains("in use"), "{}", mounted.stderr);
+    assert_eq!(stop.code, 1);
+    assert!(fx.registry_file(&uuid).exists());
+    drop(storage);
+}
+
+#[test]
+fn a_name_names_one_volume_and_every_command_takes_it() {
+    let fx = Fixture::new();
+    let first = fx.run_ok(&["create", "--size", "64M", "--name", "pg-data", "--json"]);
+    let uuid = first.json()["uuid"].as_str().expect("uuid").to_string();
+    // The README's line run twice makes one volume.
+    let second = fx.run_ok(&["create", "--size", "64M", "--name", "pg-data", "--json"]);
+    assert_eq!(second.json()["changed"], false);
+    assert_eq!(second.json()["uuid"], uuid.as_str());
+    let listed = fx.run_ok(&["list", "--json"]).json();
+    assert_eq!(
+        listed["volumes"].as_array().map(Vec::len),
+        Some(1),
+        "{listed}"
+    );
+
+    let other = new_uuid();
+    let taken = fx.run(&[
+        "create", "--size", "64M", "--name", "pg-data", "--uuid", &other,
+    ]);
+    assert_eq!(taken.code, 1);
+    assert!(taken.stderr.contains(&uuid), "{}", taken.stderr);
+    let uuid_like = fx.run(&["create", "--size", "64M", "--name", &new_uuid()]);
+    assert_eq!(
+        uuid_like.code, 1,
+        "a name that reads as a UUID: {}",
+        uuid_like.stderr
+    );
+
+    fx.run_ok(&["status", "pg-data"]);
+    fx.run_ok(&["resize", "pg-data", "--size", "80M"]);
+    fx.run_ok(&["attach", "pg-data"]);
+    assert_eq!(loops_of(&fx.backing(&uuid)).len(), 1);
+    fx.run_ok(&["detach", "pg-data"]);
+    let unknown = fx.run(&["status", "no-such-name"]);
+    assert_eq!(unknown.code, 1);
+    assert!(
+        unknown.stderr.contains("no volume is named"),
+        "{}",
+        unknown.stderr
+    );
+
+    // Two entries with one name, as older versions or a hand edit could
+    // leave: a lookup by that name names both and picks neither.
+    let twin = new_uuid();
+    fx.make_ext4(&twin);
+    fx.register(
+        &twin,
+        "filesystem",
+        "fs_type = \"ext4\"\nname = \"pg-data\"\n",
+    );
+    for args in [
+        &["status", "pg-data"][..],
+        &["apply", "--name", "pg-data", "--size", "80M"],
+    ] {
+        let run = fx.run(args);
+        assert_eq!(run.code, 1, "{args:?}");
+        assert!(
+            run.stderr.contains(&uuid) && run.stderr.contains(&twin),
+            "{}",
+            run.stderr
+        );
+    }
+    fx.run_ok(&["remove", &twin]);
+    fx.run_ok(&["remove", "pg-data"]);
+}
