@@ -382,7 +382,7 @@ fn apply_with_flags_and_now_attaches_and_detaches_without_systemd() {
         &fx,
         &["apply", "--name", "blk", "--enabled", "false", "--now"],
     );
-    assert_eq!(actions(&down), ["disable", "stop"]);
+    assert_eq!(actions(&down), ["stop", "disable"]);
     assert!(loops_of(&fx.backing(&uuid)).is_empty());
     let (_, deleted) = dry_then_real(
         &fx,
@@ -429,6 +429,8 @@ fn a_dry_run_refuses_what_the_real_run_refuses_mounted_and_out_of_space() {
     assert!(mounted.stderr.contains("in use"), "{}", mounted.stderr);
     assert_eq!(stop.code, 1);
     assert!(fx.registry_file(&uuid).exists());
+    // The refused stop left the flag as it was, not half a change.
+    assert_eq!(registry_entry(&fx, &uuid)["enabled"].as_bool(), Some(true));
     drop(storage);
 }
 

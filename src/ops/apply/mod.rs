@@ -305,6 +305,12 @@ impl Converge<'_> {
             }
         }
         let enabled_changed = desired.enabled.is_some_and(|e| e != volume.enabled);
+        let enabled_after = desired.enabled.unwrap_or(volume.enabled);
+        // Stopped first, like `disable --now`: a stop refused (the volume
+        // is mounted) then leaves the flags as they were, not half a change.
+        if desired.now && !enabled_after {
+            self.stop_if_running(&volume, before, created)?;
+        }
         if !changes.is_empty() {
             volume = self.set_flags(volume, created)?;
             self.actions.extend(changes);
@@ -312,8 +318,8 @@ impl Converge<'_> {
         if (enabled_changed || created) && !self.dry_run {
             reload_if_reachable()?;
         }
-        if desired.now {
-            self.bring_in_line(&volume, before, created)?;
+        if desired.now && enabled_after {
+            self.start_unless_running(&volume, before, created)?;
         }
         Ok(volume)
     }
@@ -356,38 +362,64 @@ impl Converge<'_> {
         Ok(volume)
     }
 
-    /// `now`: an enabled volume attached (its unit started), a disabled one
-    /// detached (its unit stopped).
-    fn bring_in_line(
+    /// Whether the volume's backing file is attached, and whether its unit
+    /// is known to be active (`None`: systemd was not asked).
+    fn running(
+        &self,
+        volume: &Volume,
+        before: Option<&VolumeRecord>,
+        created: bool,
+    ) -> Result<(bool, Option<bool>)> {
+        let attached = if self.dry_run && created {
+            false
+        } else {
+            !attached_devices(self.root, &volume.id)?.is_empty()
+        };
+        let unit_active = before
+            .filter(|b| b.active_state != UNKNOWN)
+            .map(|b| b.active_state == "active");
+        Ok((attached, unit_active))
+    }
+
+    /// `now` for an enabled volume: attached, its unit started.
+    fn start_unless_running(
         &mut self,
         volume: &Volume,
         before: Option<&VolumeRecord>,
         created: bool,
     ) -> Result<()> {
-        let id = &volume.id;
-        let attached = if self.dry_run && created {
-            false
-        } else {
-            !attached_devices(self.root, id)?.is_empty()
-        };
-        let unit_active = before.is_some_and(|b| b.active_state == "active");
-        let unit_known = before.is_some_and(|b| b.active_state != UNKNOWN);
-        if volume.enabled && (!attached || (unit_known && !unit_active)) {
-            if !self.dry_run {
-                // `settle` reloaded systemd after a create already.
-                bring_up_now(self.root, id, false)?;
-            } else if !created {
-                attach_planned(self.root, id)?;
-            }
-            self.actions.push("start".into());
-        } else if !volume.enabled && (attached || unit_active) {
-            if self.dry_run {
-                refuse_if_in_use(self.root, id)?;
-            } else {
-                bring_down_now(self.root, id)?;
-            }
-            self.actions.push("stop".into());
+        let (attached, unit_active) = self.running(volume, before, created)?;
+        if attached && unit_active != Some(false) {
+            return Ok(());
         }
+        if !self.dry_run {
+            // `settle` reloaded systemd after a create already.
+            bring_up_now(self.root, &volume.id, false)?;
+        } else if !created {
+            attach_planned(self.root, &volume.id)?;
+        }
+        self.actions.push("start".into());
+        Ok(())
+    }
+
+    /// `now` for a disabled volume: its unit stopped, detached; refused
+    /// while something has it mounted.
+    fn stop_if_running(
+        &mut self,
+        volume: &Volume,
+        before: Option<&VolumeRecord>,
+        created: bool,
+    ) -> Result<()> {
+        let (attached, unit_active) = self.running(volume, before, created)?;
+        if !attached && unit_active != Some(true) {
+            return Ok(());
+        }
+        if self.dry_run {
+            refuse_if_in_use(self.root, &volume.id)?;
+        } else {
+            bring_down_now(self.root, &volume.id)?;
+        }
+        self.actions.push("stop".into());
         Ok(())
     }
 
