@@ -7,11 +7,13 @@ use std::io::Read;
 use sparse_volume::cli::{ApplyArgs, Cli, Command, CreateArgs, ManifestFormat, PvArgs};
 use sparse_volume::logging;
 use sparse_volume::ops::apply::{self, desired::Desired};
-use sparse_volume::ops::{attach, check, create, detach, register, remove, resize, Report};
+use sparse_volume::ops::{attach, check, create, detach, register, remove, resize};
 use sparse_volume::ops::{enable, list, metrics, pv, start, status};
+use sparse_volume::ops::{PartlyApplied, Report};
 use sparse_volume::paths::SystemRoot;
 use sparse_volume::registry::{Entry, Registry};
 use sparse_volume::volume_id::VolumeId;
+use sparse_volume::volume_ref::VolumeRef;
 
 fn main() -> ExitCode {
     // clap exits with status 2 on usage errors, as the contract asks.
@@ -84,10 +86,17 @@ fn main() -> ExitCode {
             }
             Err(message) => out.usage(&message),
         },
-        Command::Remove { delete_data, .. } => {
+        Command::Remove {
+            volume,
+            delete_data,
+        } => {
             let id = id();
+            let named = match volume {
+                VolumeRef::Name(name) => Some(name.as_str()),
+                VolumeRef::Id(_) => None,
+            };
             out.emit(
-                remove::remove(&root, &id, *delete_data, dry_run),
+                remove::remove(&root, &id, named, *delete_data, dry_run),
                 &format!("removing {id}"),
             )
         }
@@ -321,7 +330,13 @@ impl Output {
                 }
             }
             // One line: "attaching U: backing file … is a symbolic link".
-            Err(error) => self.fail(&format!("{doing}: {error:#}"), ExitCode::FAILURE),
+            Err(error) => {
+                let message = format!("{doing}: {error:#}");
+                match error.downcast_ref::<PartlyApplied>() {
+                    Some(partly) => self.fail_after_changes(&message, partly),
+                    None => self.fail(&message, ExitCode::FAILURE),
+                }
+            }
         }
     }
 
@@ -342,12 +357,36 @@ impl Output {
         self.fail(message, ExitCode::from(2))
     }
 
+    /// A failure after something was changed: `changed` is true, and the
+    /// volume and what was done are named.
+    fn fail_after_changes(&self, message: &str, partly: &PartlyApplied) -> ExitCode {
+        eprintln!("sparse-volume: {message}");
+        if self.json {
+            println!(
+                "{}",
+                serde_json::json!({
+                    "changed": true,
+                    "uuid": partly.uuid,
+                    "actions": partly.actions,
+                    "dry_run": self.dry_run,
+                    "error": message,
+                })
+            );
+        }
+        ExitCode::FAILURE
+    }
+
     fn fail(&self, message: &str, code: ExitCode) -> ExitCode {
         eprintln!("sparse-volume: {message}");
         if self.json {
             println!(
                 "{}",
-                serde_json::json!({ "changed": false, "uuid": self.uuid, "error": message })
+                serde_json::json!({
+                    "changed": false,
+                    "uuid": self.uuid,
+                    "dry_run": self.dry_run,
+                    "error": message,
+                })
             );
         }
         code

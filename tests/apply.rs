@@ -424,6 +424,12 @@ fn a_dry_run_refuses_what_the_real_run_refuses_mounted_and_out_of_space() {
     );
     let (_, mounted) = apply_dry_then_real(&fx, r#"{"name": "used", "state": "absent"}"#);
     let (_, stop) = apply_dry_then_real(&fx, r#"{"name": "used", "enabled": false, "now": true}"#);
+    let (_, detach) = dry_then_real(&fx, &["detach", "used"]);
+    assert_eq!(
+        detach.code, 1,
+        "a mounted volume was detached: {}",
+        detach.stdout
+    );
     let _ = Command::new("umount").arg(&mount_point).status();
     assert_eq!(mounted.code, 1);
     assert!(mounted.stderr.contains("in use"), "{}", mounted.stderr);
@@ -499,4 +505,165 @@ fn a_name_names_one_volume_and_every_command_takes_it() {
     }
     fx.run_ok(&["remove", &twin]);
     fx.run_ok(&["remove", "pg-data"]);
+}
+
+// From a hostile review: each of these changed or deleted what it should
+// not, or promised in a dry run what the real run then refused.
+
+#[test]
+fn absent_with_a_uuid_and_a_name_that_disagree_removes_nothing() {
+    let fx = Fixture::new();
+    let created = fx.run_ok(&["create", "--size", "64M", "--name", "pg", "--json"]);
+    let uuid = created.json()["uuid"].as_str().expect("uuid").to_string();
+    let (_, refused) = dry_then_real(
+        &fx,
+        &[
+            "apply",
+            "--uuid",
+            &uuid,
+            "--name",
+            "web",
+            "--state",
+            "absent",
+            "--delete-data",
+        ],
+    );
+    assert_eq!(refused.code, 1);
+    assert!(
+        refused.stderr.contains("is named \"pg\", not \"web\""),
+        "{}",
+        refused.stderr
+    );
+    assert!(fx.backing(&uuid).exists() && fx.registry_file(&uuid).exists());
+}
+
+#[test]
+fn remove_by_name_refuses_when_the_name_moved_to_another_volume_meanwhile() {
+    let fx = Fixture::new();
+    let first = fx
+        .run_ok(&["create", "--size", "64M", "--name", "pg", "--json"])
+        .json();
+    let second = fx
+        .run_ok(&["create", "--size", "64M", "--name", "pg-new", "--json"])
+        .json();
+    let (first, second) = (
+        first["uuid"].as_str().unwrap(),
+        second["uuid"].as_str().unwrap(),
+    );
+    // The remove resolves "pg" to the first volume, then waits three
+    // seconds before its first lock; meanwhile the name moves.
+    let mut remove = Command::new("strace");
+    remove
+        .args(["-f", "-qq", "-o", "/dev/null", "-e", "trace=flock"])
+        .args(["-e", "inject=flock:delay_enter=3000000:when=1"])
+        .arg(env!("CARGO_BIN_EXE_sparse-volume"))
+        .args(["remove", "pg", "--delete-data"])
+        .env("SPARSE_VOLUME_ROOT", fx.root.path())
+        .env("DBUS_SYSTEM_BUS_ADDRESS", fx.absent_bus())
+        .stderr(std::process::Stdio::piped());
+    let running = remove.spawn().expect("strace");
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    fx.run_ok(&["apply", "--uuid", first, "--name", "pg-old"]);
+    fx.run_ok(&["apply", "--uuid", second, "--name", "pg"]);
+    let output = running.wait_with_output().expect("remove");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success(), "the remove went ahead: {stderr}");
+    assert!(
+        stderr.contains("is named \"pg-old\", not \"pg\""),
+        "{stderr}"
+    );
+    for uuid in [first, second] {
+        assert!(fx.backing(uuid).exists(), "{uuid} lost its data");
+        assert!(fx.registry_file(uuid).exists());
+    }
+}
+
+#[test]
+fn a_name_in_a_registry_file_that_does_not_read_is_not_given_again() {
+    let fx = Fixture::new();
+    let created = fx.run_ok(&["create", "--size", "64M", "--name", "dup", "--json"]);
+    let uuid = created.json()["uuid"].as_str().expect("uuid").to_string();
+    let file = fx.registry_file(&uuid);
+    let text = fs::read_to_string(&file).unwrap();
+    fs::write(&file, format!("{text}direct_io = \"yes\"\n")).unwrap();
+    let run = fx.run(&["apply", "--name", "dup", "--size", "64M"]);
+    assert_eq!(run.code, 1, "{}", run.stdout);
+    assert!(run.stderr.contains("does not read"), "{}", run.stderr);
+    let volumes = tool(
+        "find",
+        &[
+            fx.host("/etc/sparse-volume/volumes.d").to_str().unwrap(),
+            "-name",
+            "*.toml",
+        ],
+    );
+    assert_eq!(
+        volumes.lines().count(),
+        1,
+        "a second volume was registered: {volumes}"
+    );
+}
+
+#[test]
+fn refusals_come_before_any_change_and_a_late_failure_says_what_was_done() {
+    let fx = Fixture::new();
+    fs::create_dir_all(fx.host("/proc")).unwrap();
+    fs::write(fx.host("/proc/cmdline"), "ro sparse_volume=off\n").unwrap();
+    // Skipped by the emergency switch: the dry run and the real run both
+    // refuse to start it, and the real run refuses before creating it.
+    let (_, skipped) = apply_dry_then_real(&fx, r#"{"name": "later", "size": "64M", "now": true}"#);
+    assert_eq!(skipped.code, 1);
+    assert!(skipped.stderr.contains("skipped"), "{}", skipped.stderr);
+    assert_eq!(
+        fs::read_dir(fx.host("/etc/sparse-volume/volumes.d"))
+            .unwrap()
+            .count(),
+        0
+    );
+    // `create --now` checks nothing ahead: its report names the volume it
+    // made before the start failed.
+    let late = fx.run(&["create", "--size", "64M", "--now", "--json"]);
+    assert_eq!(late.code, 1);
+    let report = late.json();
+    assert_eq!(report["changed"], true, "{report}");
+    assert_eq!(report["actions"], serde_json::json!(["create"]));
+    let uuid = report["uuid"]
+        .as_str()
+        .expect("the UUID of the volume made");
+    assert!(fx.registry_file(uuid).exists());
+}
+
+#[test]
+fn what_a_volume_cannot_become_is_refused_not_ignored() {
+    let fx = Fixture::new();
+    fx.run_ok(&["apply", "--name", "blk", "--size", "64M", "--mode", "block"]);
+    let (_, fs_on_block) = dry_then_real(&fx, &["apply", "--name", "blk", "--fs", "xfs"]);
+    assert_eq!(fs_on_block.code, 1);
+    assert!(
+        fs_on_block.stderr.contains("mode block"),
+        "{}",
+        fs_on_block.stderr
+    );
+
+    // register of a registered volume under another name.
+    let uuid = new_uuid();
+    fx.make_ext4(&uuid);
+    let path = fx.logical_backing(&uuid);
+    fx.run_ok(&["register", "--uuid", &uuid, "--path", &path, "--name", "a"]);
+    let renamed = fx.run(&["register", "--uuid", &uuid, "--path", &path, "--name", "b"]);
+    assert_eq!(renamed.code, 1, "{}", renamed.stdout);
+    assert!(renamed.stderr.contains("named \"a\""), "{}", renamed.stderr);
+
+    // A size that is not whole MiB, asked exactly, is no change.
+    let odd = new_uuid();
+    let file = fx.backing(&odd);
+    fx.sparse_file_of(&file, (64 << 20) + 4096);
+    tool(
+        "mkfs.ext4",
+        &["-q", "-F", "-U", &odd, file.to_str().unwrap()],
+    );
+    fx.register(&odd, "filesystem", "fs_type = \"ext4\"\n");
+    let exact = ((64 << 20) + 4096).to_string();
+    let (_, same) = dry_then_real(&fx, &["apply", "--uuid", &odd, "--size", &exact]);
+    assert_eq!(same.json()["changed"], false, "{}", same.stdout);
 }

@@ -94,12 +94,7 @@ pub fn plan_attach(root: &SystemRoot, id: &VolumeId) -> Result<AttachPlan> {
 /// anything (skip switch, registry entry, backing file, content): the
 /// device the file is attached to already, or None when it would bind one.
 pub fn attach_planned(root: &SystemRoot, id: &VolumeId) -> Result<Option<PathBuf>> {
-    if let Some(skip) = kernel_cmdline::skip_reason(root, id) {
-        bail!(
-            "the volume is skipped by {skip}; reboot without {} to attach it",
-            skip.switch()
-        );
-    }
+    refuse_if_skipped(root, id)?;
     let registry = Registry::open(root.clone());
     let _lock = Registry::volume_lock(root, id)?;
     let volume = registry.require(id)?;
@@ -116,15 +111,20 @@ pub fn attach_planned(root: &SystemRoot, id: &VolumeId) -> Result<Option<PathBuf
 /// Where the kernel shows block devices and their partitions.
 const SYS_BLOCK: &str = "/sys/block";
 
-pub fn attach(root: &SystemRoot, id: &VolumeId) -> Result<AttachReport> {
-    // The operator's way past a volume that breaks the boot: honoured by
-    // hand, too, so nothing brings the volume back before the reboot.
+/// The operator's way past a volume that breaks the boot: honoured by
+/// hand, too, so nothing brings the volume back before the reboot.
+pub fn refuse_if_skipped(root: &SystemRoot, id: &VolumeId) -> Result<()> {
     if let Some(skip) = kernel_cmdline::skip_reason(root, id) {
         bail!(
             "the volume is skipped by {skip}; reboot without {} to attach it",
             skip.switch()
         );
     }
+    Ok(())
+}
+
+pub fn attach(root: &SystemRoot, id: &VolumeId) -> Result<AttachReport> {
+    refuse_if_skipped(root, id)?;
     let registry = Registry::open(root.clone());
     // The entry is read under the volume lock: a remove holds that lock
     // from its detach until the entry is gone, so an attach waiting here

@@ -13,7 +13,7 @@ use serde::Serialize;
 
 use super::activate::bring_up_now;
 use super::attach::sector_size_blocks_direct_io;
-use super::Report;
+use super::{PartlyApplied, Report};
 
 use crate::backing::open_backing_file;
 use crate::capacity;
@@ -107,7 +107,16 @@ pub fn create(root: &SystemRoot, request: &CreateRequest) -> Result<CreateReport
     let mut report = create_registered(root, request)?;
     if request.now && !request.dry_run {
         let id: VolumeId = report.uuid.parse().map_err(anyhow::Error::msg)?;
-        let activation = bring_up_now(root, &id, true)?;
+        let activation = bring_up_now(root, &id, true).map_err(|error| {
+            if report.changed {
+                error.context(PartlyApplied {
+                    uuid: report.uuid.clone(),
+                    actions: vec!["create".into()],
+                })
+            } else {
+                error
+            }
+        })?;
         report.changed |= activation.changed;
         report.device = activation.device;
         report.note = Some(activation.how);
@@ -352,6 +361,12 @@ pub fn spec_differences(existing: &Volume, asked: &AskedSpec) -> Vec<String> {
         {
             differences.push("mkfs options".to_string());
         }
+    }
+    if existing.mode.is_block()
+        && asked.mode.is_none()
+        && (asked.fs_type.is_some() || asked.mkfs_options.is_some_and(|o| !o.is_empty()))
+    {
+        differences.push("mode block (asked a file system)".to_string());
     }
     if asked.path.is_some_and(|p| p != existing.path) {
         differences.push(format!("path {}", existing.path.display()));

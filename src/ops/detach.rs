@@ -62,8 +62,13 @@ pub fn detach_locked(root: &SystemRoot, id: &VolumeId) -> Result<DetachReport> {
 
 fn release(root: &SystemRoot, id: &VolumeId, really: bool) -> Result<DetachReport> {
     let (devices, found_by) = find_bound(root, id)?;
-    for (number, status) in devices.iter().filter(|_| really) {
-        detach_device(*number, status.backing())?;
+    for (number, status) in &devices {
+        if really {
+            detach_device(*number, status.backing())?;
+        } else {
+            // The refusal a real detach would meet; closed again at once.
+            open_to_detach(*number)?;
+        }
     }
     let numbers: Vec<u32> = devices.iter().map(|(number, _)| *number).collect();
     Ok(DetachReport {
@@ -179,17 +184,15 @@ pub fn backing_file_deleted(number: u32) -> bool {
 /// opener (udev's probe, `blkid`) lets go.
 const RELEASE_GRACE: Duration = Duration::from_secs(3);
 
-/// Detaches `/dev/loop<number>` if it still attaches the file `backing`
-/// (device, inode) named by whoever found it: between finding a device and
-/// locking it, the number can be released and reused for another file,
-/// which is then none of our business. Gone or reused counts as detached.
-pub(crate) fn detach_device(number: u32, backing: (u64, u64)) -> Result<()> {
+/// `/dev/loop<number>` opened exclusively, `None` when it is gone. O_EXCL
+/// makes the kernel answer "is it mounted or held?" atomically and keeps
+/// anyone from mounting it while it is torn down; a device in use is an
+/// error naming its users.
+fn open_to_detach(number: u32) -> Result<Option<LoopDevice>> {
     let path = LoopDevice::path_of(number);
-    // O_EXCL makes the kernel answer "is it mounted or held?" atomically
-    // and keeps anyone from mounting it while we tear it down.
-    let device = match LoopDevice::open_exclusive(number) {
-        Ok(device) => device.lock()?,
-        Err(Errno::ENOENT | Errno::ENXIO) => return Ok(()),
+    match LoopDevice::open_exclusive(number) {
+        Ok(device) => Ok(Some(device)),
+        Err(Errno::ENOENT | Errno::ENXIO) => Ok(None),
         Err(Errno::EBUSY) => {
             let users = users_of_loop(number);
             if users.is_empty() {
@@ -205,7 +208,19 @@ pub(crate) fn detach_device(number: u32, backing: (u64, u64)) -> Result<()> {
             );
         }
         Err(errno) => bail!("opening {}: {errno}", path.display()),
+    }
+}
+
+/// Detaches `/dev/loop<number>` if it still attaches the file `backing`
+/// (device, inode) named by whoever found it: between finding a device and
+/// locking it, the number can be released and reused for another file,
+/// which is then none of our business. Gone or reused counts as detached.
+pub(crate) fn detach_device(number: u32, backing: (u64, u64)) -> Result<()> {
+    let path = LoopDevice::path_of(number);
+    let Some(device) = open_to_detach(number)? else {
+        return Ok(());
     };
+    let device = device.lock()?;
     let bound = match device.status() {
         Ok(None) => return Ok(()),
         Ok(Some(status)) if !status.is_backed_by(backing.0, backing.1) => return Ok(()),

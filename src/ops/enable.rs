@@ -175,7 +175,7 @@ fn planned(
 /// versions made `.requires`) shows in the unit's `RequiredBy`/`WantedBy` exactly when the
 /// volume is enabled. When in doubt, say no (a needless reload is
 /// harmless, a missing one is not).
-fn systemd_agrees(systemd: &Systemd, unit: &str, enabled: bool) -> bool {
+pub(crate) fn systemd_agrees(systemd: &Systemd, unit: &str, enabled: bool) -> bool {
     match systemd.unit_state(unit) {
         Ok(state) => state.is_pulled_in_by(VOLUMES_TARGET) == enabled,
         Err(e) => {

@@ -18,7 +18,24 @@ pub mod resize;
 pub mod start;
 pub mod status;
 
+use std::fmt;
+
 use serde::Serialize;
+
+/// Attached to the error of a command that failed after it had already
+/// changed something, so that the caller (config management above all)
+/// learns what was done and to which volume, not only what failed.
+#[derive(Debug, Clone)]
+pub struct PartlyApplied {
+    pub uuid: String,
+    pub actions: Vec<String>,
+}
+
+impl fmt::Display for PartlyApplied {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} after: {}", self.uuid, self.actions.join(", "))
+    }
+}
 
 /// What a command tells its caller.
 pub trait Report: Serialize {

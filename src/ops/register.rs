@@ -89,8 +89,15 @@ pub fn register(root: &SystemRoot, request: &RegisterRequest) -> Result<Register
 
     let _lock = registry.lock()?;
     if let Some(existing) = registry.get(&id)? {
-        if existing.path == request.path && same_spec(&existing, request) {
+        let same_name = request.name.is_none() || request.name == existing.name;
+        if existing.path == request.path && same_spec(&existing, request) && same_name {
             return Ok(report(false, &existing));
+        }
+        if !same_name {
+            bail!(
+                "the volume is already registered, named {:?} (rename it with `sparse-volume apply --uuid {id} --name NEW`)",
+                existing.name.as_deref().unwrap_or_default()
+            );
         }
         bail!(
             "the volume is already registered as a {} volume at {}",

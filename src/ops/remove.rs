@@ -49,15 +49,28 @@ impl Report for RemoveReport {
 
 /// With `dry_run`, the checks (the file is this volume's, nothing has the
 /// volume mounted) run under the same lock, and nothing changes.
+/// `named`: the name the caller found the volume by, checked again under
+/// the lock: a name that moved to another volume meanwhile must not remove
+/// (or delete the data of) the volume it named before.
 pub fn remove(
     root: &SystemRoot,
     id: &VolumeId,
+    named: Option<&str>,
     delete_data: bool,
     dry_run: bool,
 ) -> Result<RemoveReport> {
     let registry = Registry::open(root.clone());
     let _lock = registry.lock()?;
-    let Some(volume) = registry.get(id)? else {
+    let entry = registry.get(id)?;
+    if let (Some(name), Some(volume)) = (named, &entry) {
+        if volume.name.as_deref() != Some(name) {
+            bail!(
+                "volume {id} is named {:?}, not {name:?} (renamed meanwhile?); nothing was removed",
+                volume.name.as_deref().unwrap_or_default()
+            );
+        }
+    }
+    let Some(volume) = entry else {
         return Ok(RemoveReport {
             changed: false,
             uuid: id.to_string(),

@@ -249,8 +249,20 @@ impl Registry {
     }
 
     /// The one volume that carries `name`, if any; several are an error
-    /// naming them all.
+    /// naming them all. So is a registry file that carries the name but
+    /// does not read: the name may be that volume's, and a new volume
+    /// under it would be a second one once the file is fixed.
     pub fn volume_named(&self, name: &str) -> Result<Option<Volume>> {
+        for entry in self.entries()? {
+            if let Err(error) = &entry.volume {
+                if raw_name(&entry.file).as_deref() == Some(name) {
+                    bail!(
+                        "the name {name:?} is in {}, which does not read ({error}); fix that file first",
+                        entry.file.display()
+                    );
+                }
+            }
+        }
         let mut found = self.named(name)?;
         match found.len() {
             0 | 1 => Ok(found.pop()),
@@ -353,16 +365,25 @@ fn load_config(file: &Path) -> Result<(Config, Vec<RegistryWarning>), RegistryEr
     Config::parse_with_warnings(file, &text)
 }
 
-/// The `path` of a registry file that does not validate: from its TOML if
-/// that is
-/// readable at all, else of a plain `path = "..."` line.
+/// The `name` of a registry file that does not validate.
+fn raw_name(file: &Path) -> Option<String> {
+    raw_string(&fs::read_to_string(file).ok()?, "name")
+}
+
+/// The `path` of a registry file that does not validate.
 fn named_path(text: &str) -> Option<PathBuf> {
+    raw_string(text, "path").map(PathBuf::from)
+}
+
+/// A string key of a file that does not validate: from its TOML if that
+/// is readable at all, else from a plain `key = "..."` line.
+fn raw_string(text: &str, key: &str) -> Option<String> {
     if let Ok(table) = toml::from_str::<toml::Table>(text) {
-        return table.get("path")?.as_str().map(PathBuf::from);
+        return table.get(key)?.as_str().map(str::to_string);
     }
     text.lines().find_map(|line| {
-        let value = line.trim_start().strip_prefix("path")?.trim_start();
+        let value = line.trim_start().strip_prefix(key)?.trim_start();
         let quoted = value.strip_prefix('=')?.trim().strip_prefix('"')?;
-        quoted.split_once('"').map(|(path, _)| PathBuf::from(path))
+        quoted.split_once('"').map(|(value, _)| value.to_string())
     })
 }

@@ -14,14 +14,15 @@ use serde::Serialize;
 use super::activate::{
     attached_devices, bring_down_now, bring_up_now, refuse_if_in_use, reload_if_reachable,
 };
-use super::attach::attach_planned;
+use super::attach::{attach_planned, refuse_if_skipped};
 use super::create::{self, round_up_to_mib, spec_differences, AskedSpec, CreateRequest};
-use super::{remove, resize, Report};
+use super::enable::systemd_agrees;
+use super::{remove, resize, PartlyApplied, Report};
 use crate::cli::ModeArg;
 use crate::paths::SystemRoot;
 use crate::registry::{Mode, Registry, Volume};
 use crate::size::format_size;
-use crate::systemd::Systemd;
+use crate::systemd::{unit_name, Systemd};
 use crate::volume_id::VolumeId;
 use desired::{Desired, State};
 pub use record::VolumeRecord;
@@ -78,6 +79,16 @@ fn state_name(state: State) -> &'static str {
 
 pub fn apply(root: &SystemRoot, desired: &Desired, dry_run: bool) -> Result<ApplyReport> {
     desired.check().map_err(|reason| anyhow!(reason))?;
+    // Every step's checks first, so that what can be refused (a stop while
+    // mounted, a skipped volume, no space) is refused before the first
+    // step changes anything.
+    if !dry_run {
+        converge(root, desired, true)?;
+    }
+    converge(root, desired, dry_run)
+}
+
+fn converge(root: &SystemRoot, desired: &Desired, dry_run: bool) -> Result<ApplyReport> {
     let systemd = Systemd::connect().ok();
     let registry = Registry::open(root.clone());
     let existing = find(&registry, desired)?;
@@ -89,17 +100,26 @@ pub fn apply(root: &SystemRoot, desired: &Desired, dry_run: bool) -> Result<Appl
         root,
         desired,
         dry_run,
+        systemd: systemd.as_ref(),
         actions: Vec::new(),
         warnings: Vec::new(),
+        uuid: existing.as_ref().map(|v| v.id.to_string()),
     };
     let planned = match (desired.state, existing) {
-        (State::Absent, None) => None,
-        (State::Absent, Some(volume)) => {
-            converge.remove(&volume, before.as_ref())?;
-            None
+        (State::Absent, None) => Ok(None),
+        (State::Absent, Some(volume)) => converge.remove(&volume, before.as_ref()).map(|()| None),
+        (State::Present, None) => converge.create(&registry).map(Some),
+        (State::Present, Some(volume)) => converge.update(volume, before.as_ref()).map(Some),
+    };
+    // A failure after a change says what was changed, and on which volume.
+    let planned = match (planned, converge.uuid.clone()) {
+        (Err(error), Some(uuid)) if !converge.actions.is_empty() && !dry_run => {
+            return Err(error.context(PartlyApplied {
+                uuid,
+                actions: converge.actions,
+            }))
         }
-        (State::Present, None) => Some(converge.create(&registry)?),
-        (State::Present, Some(volume)) => Some(converge.update(volume, before.as_ref())?),
+        (planned, _) => planned?,
     };
     let after = match planned {
         // A dry run changed nothing to read back: what the registry would
@@ -150,7 +170,9 @@ pub fn apply(root: &SystemRoot, desired: &Desired, dry_run: bool) -> Result<Appl
 }
 
 /// The volume the desired state is about: by UUID, by name, or by both
-/// when they agree.
+/// when they agree. A UUID whose volume has another name is renamed when
+/// present, but never removed: a stale UUID must not take another
+/// volume's data away.
 fn find(registry: &Registry, desired: &Desired) -> Result<Option<Volume>> {
     let named = match &desired.name {
         Some(name) => registry.volume_named(name)?,
@@ -165,7 +187,18 @@ fn find(registry: &Registry, desired: &Desired) -> Result<Option<Volume>> {
                     other.id
                 );
             }
-            Ok(registry.get(&id)?)
+            let volume = registry.get(&id)?;
+            if let (State::Absent, Some(name), Some(volume)) =
+                (desired.state, &desired.name, &volume)
+            {
+                if volume.name.as_ref() != Some(name) {
+                    bail!(
+                        "volume {id} is named {:?}, not {name:?}; nothing is removed",
+                        volume.name.as_deref().unwrap_or_default()
+                    );
+                }
+            }
+            Ok(volume)
         }
         None => Ok(named),
     }
@@ -175,8 +208,11 @@ struct Converge<'a> {
     root: &'a SystemRoot,
     desired: &'a Desired,
     dry_run: bool,
+    systemd: Option<&'a Systemd>,
     actions: Vec<String>,
     warnings: Vec<String>,
+    /// The volume's UUID once it exists (for [`PartlyApplied`]).
+    uuid: Option<String>,
 }
 
 impl Converge<'_> {
@@ -208,6 +244,7 @@ impl Converge<'_> {
             },
         )?;
         let id: VolumeId = created.uuid.parse().map_err(|e: String| anyhow!(e))?;
+        self.uuid = Some(created.uuid.clone());
         if created.changed {
             self.actions.push(format!(
                 "create a {} volume of {}",
@@ -262,7 +299,8 @@ impl Converge<'_> {
         }
         let mut volume = volume;
         if let Some(asked) = desired.size {
-            if round_up_to_mib(asked)? != volume.size {
+            // Exactly the registered size is no change, whole MiB or not.
+            if asked != volume.size && round_up_to_mib(asked)? != volume.size {
                 // Refuses to shrink, with both sizes, like `resize`.
                 let grown = resize::resize(self.root, &volume.id, asked, self.dry_run)?;
                 self.actions.push(format!(
@@ -306,6 +344,14 @@ impl Converge<'_> {
         }
         let enabled_changed = desired.enabled.is_some_and(|e| e != volume.enabled);
         let enabled_after = desired.enabled.unwrap_or(volume.enabled);
+        // As `enable` does: a flag that matches but that systemd has not
+        // seen (edited by hand, or a reload that failed) gets a reload.
+        let stale = !created
+            && !enabled_changed
+            && desired.enabled.is_some()
+            && self
+                .systemd
+                .is_some_and(|s| !systemd_agrees(s, &unit_name(&volume.id), enabled_after));
         // Stopped first, like `disable --now`: a stop refused (the volume
         // is mounted) then leaves the flags as they were, not half a change.
         if desired.now && !enabled_after {
@@ -315,7 +361,10 @@ impl Converge<'_> {
             volume = self.set_flags(volume, created)?;
             self.actions.extend(changes);
         }
-        if (enabled_changed || created) && !self.dry_run {
+        if stale {
+            self.actions.push("reload".into());
+        }
+        if (enabled_changed || created || stale) && !self.dry_run {
             reload_if_reachable()?;
         }
         if desired.now && enabled_after {
@@ -395,7 +444,10 @@ impl Converge<'_> {
         if !self.dry_run {
             // `settle` reloaded systemd after a create already.
             bring_up_now(self.root, &volume.id, false)?;
-        } else if !created {
+        } else if created {
+            // Nothing to verify yet but what needs no file.
+            refuse_if_skipped(self.root, &volume.id)?;
+        } else {
             attach_planned(self.root, &volume.id)?;
         }
         self.actions.push("start".into());
@@ -427,6 +479,7 @@ impl Converge<'_> {
         let removed = remove::remove(
             self.root,
             &volume.id,
+            self.desired.name.as_deref(),
             self.desired.delete_data,
             self.dry_run,
         )?;
