@@ -95,17 +95,23 @@ pub fn plan_attach(root: &SystemRoot, id: &VolumeId) -> Result<AttachPlan> {
 /// device the file is attached to already, or None when it would bind one.
 pub fn attach_planned(root: &SystemRoot, id: &VolumeId) -> Result<Option<PathBuf>> {
     refuse_if_skipped(root, id)?;
-    let registry = Registry::open(root.clone());
     let _lock = Registry::volume_lock(root, id)?;
-    let volume = registry.require(id)?;
-    let path = root.host_path(&volume.path);
-    let backing = open_backing_file(&path, volume.read_only)?;
-    verify_content(&backing, &volume, &path)?;
+    let (_, _, backing) = verified_backing(&Registry::open(root.clone()), id)?;
     let meta = backing.metadata().context("inspecting the backing file")?;
     Ok(loopdev::bound_statuses()?
         .into_iter()
         .find(|(_, status)| status.is_backed_by(meta.dev(), meta.ino()))
         .map(|(number, _)| LoopDevice::path_of(number)))
+}
+
+/// The volume's entry and its backing file, opened and verified to hold
+/// the volume; read under the volume lock, which the caller holds.
+fn verified_backing(registry: &Registry, id: &VolumeId) -> Result<(Volume, PathBuf, File)> {
+    let volume = registry.require(id)?;
+    let path = registry.root().host_path(&volume.path);
+    let backing = open_backing_file(&path, volume.read_only)?;
+    verify_content(&backing, &volume, &path)?;
+    Ok((volume, path, backing))
 }
 
 /// Where the kernel shows block devices and their partitions.
@@ -125,17 +131,13 @@ pub fn refuse_if_skipped(root: &SystemRoot, id: &VolumeId) -> Result<()> {
 
 pub fn attach(root: &SystemRoot, id: &VolumeId) -> Result<AttachReport> {
     refuse_if_skipped(root, id)?;
-    let registry = Registry::open(root.clone());
     // The entry is read under the volume lock: a remove holds that lock
     // from its detach until the entry is gone, so an attach waiting here
     // then finds the volume unregistered instead of binding a file that
     // is about to be deleted.
     let _lock = Registry::volume_lock(root, id)?;
-    let volume = registry.require(id)?;
-
-    let path = root.host_path(&volume.path);
-    let backing = open_backing_file(&path, volume.read_only)?;
-    verify_content(&backing, &volume, &path)?;
+    let registry = Registry::open(root.clone());
+    let (volume, path, backing) = verified_backing(&registry, id)?;
     let mut warnings = size_warning(&backing, &volume)
         .into_iter()
         .collect::<Vec<_>>();

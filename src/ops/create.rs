@@ -170,10 +170,7 @@ fn create_registered(root: &SystemRoot, request: &CreateRequest) -> Result<Creat
         size: volume.size,
         requested_size: request.size,
         mode: volume.mode.name(),
-        fs_type: match &volume.mode {
-            Mode::Filesystem { fs_type, .. } => Some(fs_type.to_string()),
-            Mode::Block => None,
-        },
+        fs_type: volume.mode.fs_type_name(),
         preallocated: volume.preallocated,
         sector_size: volume.sector_size,
         device: None,
@@ -368,8 +365,12 @@ pub fn spec_differences(existing: &Volume, asked: &AskedSpec) -> Vec<String> {
     {
         differences.push("mode block (asked a file system)".to_string());
     }
-    if asked.path.is_some_and(|p| p != existing.path) {
-        differences.push(format!("path {}", existing.path.display()));
+    if let Some(path) = asked.path.filter(|p| *p != existing.path) {
+        differences.push(format!(
+            "path {} (asked {})",
+            existing.path.display(),
+            path.display()
+        ));
     }
     if asked
         .preallocate

@@ -13,7 +13,7 @@ use serde::Serialize;
 use crate::capacity::BackingFs;
 use crate::loopdev::{devices_of_file, LoopDevice};
 use crate::paths::SystemRoot;
-use crate::registry::{Mode, Volume};
+use crate::registry::Volume;
 use crate::size::format_size;
 use crate::systemd::{unit_name, Systemd, UnitState};
 
@@ -156,10 +156,7 @@ pub fn inspect(root: &SystemRoot, volume: &Volume, unit_lookup: UnitLookup) -> V
         UnitLookup::NotAsked => (UNKNOWN.to_string(), UNKNOWN.to_string(), None),
     };
 
-    let fs_type = match &volume.mode {
-        Mode::Filesystem { fs_type, .. } => Some(fs_type.to_string()),
-        Mode::Block => None,
-    };
+    let fs_type = volume.mode.fs_type_name();
     VolumeInfo {
         uuid: volume.id.to_string(),
         name: volume.name.clone(),

@@ -80,10 +80,7 @@ pub fn register(root: &SystemRoot, request: &RegisterRequest) -> Result<Register
         path: volume.path.clone(),
         size: volume.size,
         mode: volume.mode.name(),
-        fs_type: match &volume.mode {
-            Mode::Filesystem { fs_type, .. } => Some(fs_type.to_string()),
-            Mode::Block => None,
-        },
+        fs_type: volume.mode.fs_type_name(),
         sector_size: volume.sector_size,
     };
 

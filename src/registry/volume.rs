@@ -52,6 +52,15 @@ impl Mode {
         }
     }
 
+    /// `ext4`/`xfs` in filesystem mode, `None` in block mode (as reports
+    /// print it).
+    pub fn fs_type_name(&self) -> Option<String> {
+        match self {
+            Mode::Filesystem { fs_type, .. } => Some(fs_type.to_string()),
+            Mode::Block => None,
+        }
+    }
+
     pub fn is_block(&self) -> bool {
         matches!(self, Mode::Block)
     }

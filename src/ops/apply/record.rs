@@ -9,7 +9,7 @@ use serde::Serialize;
 use crate::ops::activate::attached_devices;
 use crate::ops::inspect::UNKNOWN;
 use crate::paths::SystemRoot;
-use crate::registry::{Mode, Volume};
+use crate::registry::Volume;
 use crate::systemd::{unit_name, Systemd};
 
 /// A volume's registry record and what runs of it: what `--diff` shows.
@@ -54,10 +54,7 @@ pub fn record_without_runtime(volume: &Volume) -> VolumeRecord {
         path: volume.path.clone(),
         size: volume.size,
         mode: volume.mode.name(),
-        fs_type: match &volume.mode {
-            Mode::Filesystem { fs_type, .. } => Some(fs_type.to_string()),
-            Mode::Block => None,
-        },
+        fs_type: volume.mode.fs_type_name(),
         enabled: volume.enabled,
         read_only: volume.read_only,
         preallocated: volume.preallocated,
