@@ -172,6 +172,9 @@ fn main() -> ExitCode {
             Ok(desired) => {
                 // By name: a refusal still tells config management which
                 // volume it was about.
+                if let Some(id) = desired.uuid {
+                    out.uuid = Some(id.to_string());
+                }
                 if let (None, Some(name)) = (&desired.uuid, &desired.name) {
                     if let Ok(Some(volume)) = Registry::open(root.clone()).volume_named(name) {
                         out.uuid = Some(volume.id.to_string());

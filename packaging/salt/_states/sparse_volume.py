@@ -1,0 +1,104 @@
+"""
+Salt state module for sparse-volume: volumes that persist across reboots.
+
+The state's ``name`` is the volume's name, its identity on the node; a
+``uuid`` may be given as well. Everything else is passed to
+``sparse-volume apply``, which decides what to create, grow or refuse;
+this module only turns its JSON report into a state return.
+
+.. code-block:: yaml
+
+    data:
+      sparse_volume.present:
+        - size: 10G
+        - fs_type: xfs
+
+    scratch:
+      sparse_volume.present:
+        - size: 2G
+        - mode: block
+
+    old-data:
+      sparse_volume.absent:
+        - delete_data: False
+"""
+
+from salt.exceptions import CommandExecutionError
+
+__virtualname__ = "sparse_volume"
+
+
+def __virtual__():
+    if "sparse_volume.apply" in __salt__:
+        return __virtualname__
+    return (False, "the sparse_volume execution module is not available")
+
+
+def _converge(name, desired):
+    ret = {"name": name, "changes": {}, "result": False, "comment": ""}
+    test = bool(__opts__.get("test", False))
+    try:
+        report = __salt__["sparse_volume.apply"](test=test, **desired)
+    except CommandExecutionError as exc:
+        # A refusal (shrink, capacity, a different mode ...) or a usage
+        # error: the CLI's own sentence is the comment.
+        ret["comment"] = str(exc)
+        return ret
+
+    if not report.get("changed"):
+        ret["result"] = True
+        ret["comment"] = f"sparse-volume {name} is already in the desired state"
+        return ret
+
+    ret["changes"] = {
+        "actions": report.get("actions", []),
+        "before": report.get("before"),
+        "after": report.get("after"),
+    }
+    actions = ", ".join(report.get("actions", [])) or "changes"
+    if test:
+        # None is Salt's "would change" in test mode.
+        ret["result"] = None
+        ret["comment"] = f"sparse-volume {name} would be changed: {actions}"
+    else:
+        ret["result"] = True
+        ret["comment"] = f"sparse-volume {name}: {actions}"
+    return ret
+
+
+def present(name, **kwargs):
+    """
+    Make sure the volume ``name`` exists as described.
+
+    name
+        The volume's name (unique on the node).
+
+    Any other argument is a key of ``sparse-volume apply``: ``uuid``,
+    ``size`` (bytes or ``10G``), ``mode`` (filesystem/block), ``fs_type``
+    (ext4/xfs), ``path``, ``enabled``, ``read_only``, ``preallocate``,
+    ``sector_size``, ``mkfs_options``, ``now``. Omitted keys mean the
+    default for a new volume and "leave as it is" for an existing one.
+    A smaller size, or a different mode, file system, path, sector size
+    or preallocation, is refused (result False) and never applied.
+    """
+    desired = dict(kwargs, name=name, state="present")
+    return _converge(name, desired)
+
+
+def absent(name, uuid=None, delete_data=False):
+    """
+    Make sure the volume ``name`` is not registered (detached first).
+
+    name
+        The volume's name.
+
+    uuid
+        Its UUID, when known.
+
+    delete_data
+        Also delete the backing file. By default the file is kept.
+    """
+    desired = {"name": name, "state": "absent", "delete_data": bool(delete_data)}
+    if uuid is not None:
+        desired["uuid"] = uuid
+    return _converge(name, desired)

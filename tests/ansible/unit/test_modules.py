@@ -1,0 +1,232 @@
+"""Unit tests of the modules' translation, with the CLI replaced by a fake.
+
+They pin what the modules send (argv, the stdin document) and how they
+read the CLI's answers and refusals. The fleet test (test_fleet.py) runs
+the same modules against the real binary.
+"""
+
+import json
+
+import pytest
+from ansible.module_utils import basic
+from ansible.module_utils.testing import patch_module_args
+
+from ansible_collections.sparse_volume.sparse_volume.plugins.modules import (
+    sparse_volume,
+    sparse_volume_info,
+)
+
+UUID = "0b6e3c52-4a8e-4f5f-9d8a-2f3c1f2b9e11"
+RECORD = {
+    "uuid": UUID, "name": "data", "path": "/var/lib/sparse-volume/" + UUID,
+    "size": 67108864, "mode": "filesystem", "fs_type": "ext4", "enabled": True,
+    "read_only": False, "preallocated": False, "sector_size": 512,
+    "device": None, "active_state": "unknown",
+}
+
+
+class Exited(Exception):
+    """exit_json was called: the task's result."""
+
+
+class Failed(Exception):
+    """fail_json was called: the task's result."""
+
+
+class FakeCli:
+    """Records each run_command call and answers with canned output."""
+
+    def __init__(self, rc=0, stdout="", stderr=""):
+        self.answer = (rc, stdout, stderr)
+        self.calls = []
+
+    def __call__(self, cmd, data=None, **kwargs):
+        self.calls.append((cmd, data))
+        return self.answer
+
+    def document(self):
+        return json.loads(self.calls[-1][1])
+
+
+def run(monkeypatch, module, args, cli):
+    """Run a module's main() with args; return ("ok"|"failed", result)."""
+    def exit_json(self, **result):
+        raise Exited(result)
+
+    def fail_json(self, **result):
+        raise Failed(result)
+
+    monkeypatch.setattr(basic.AnsibleModule, "run_command",
+                        lambda self, cmd, **kwargs: cli(cmd, **kwargs))
+    monkeypatch.setattr(basic.AnsibleModule, "exit_json", exit_json)
+    monkeypatch.setattr(basic.AnsibleModule, "fail_json", fail_json)
+    # A bare binary name is looked up on the node; pretend it is installed.
+    monkeypatch.setattr(basic.AnsibleModule, "get_bin_path",
+                        lambda self, name, required=False, opt_dirs=None: "/usr/bin/" + name)
+    with patch_module_args(args):
+        try:
+            module.main()
+        except Exited as e:
+            return "ok", e.args[0]
+        except Failed as e:
+            return "failed", e.args[0]
+    raise AssertionError("the module neither exited nor failed")
+
+
+def report(**fields):
+    base = {"changed": False, "uuid": UUID, "name": "data", "state": "present",
+            "dry_run": False, "actions": [], "before": RECORD, "after": RECORD}
+    base.update(fields)
+    return json.dumps(base)
+
+
+def test_sends_only_the_options_that_were_set(monkeypatch):
+    cli = FakeCli(stdout=report())
+    outcome, _ = run(monkeypatch, sparse_volume, {"name": "data", "size": "64M"}, cli)
+    assert outcome == "ok"
+    cmd, _ = cli.calls[0]
+    assert cmd == ["/usr/bin/sparse-volume", "apply", "--stdin", "--json"]
+    # state has a default in the module, everything else unset stays out.
+    assert cli.document() == {"state": "present", "name": "data", "size": "64M"}
+
+
+def test_every_document_key_is_passed_through(monkeypatch):
+    args = {
+        "state": "present", "uuid": UUID, "name": "data", "size": 1 << 30,
+        "mode": "filesystem", "fs_type": "xfs", "path": "/srv/volumes/data",
+        "enabled": False, "read_only": True, "preallocate": True, "sector_size": 4096,
+        "mkfs_options": ["-m", "reflink=1"], "delete_data": False, "now": True,
+    }
+    cli = FakeCli(stdout=report())
+    run(monkeypatch, sparse_volume, dict(args, binary="/opt/sv/bin/sparse-volume"), cli)
+    cmd, _ = cli.calls[0]
+    assert cmd[0] == "/opt/sv/bin/sparse-volume", "a path is used as given"
+    assert cli.document() == args
+
+
+def test_templated_integer_size_goes_back_to_bytes(monkeypatch):
+    cli = FakeCli(stdout=report())
+    run(monkeypatch, sparse_volume, {"name": "data", "size": "1073741824"}, cli)
+    assert cli.document()["size"] == 1073741824
+
+
+def test_check_mode_is_a_dry_run(monkeypatch):
+    cli = FakeCli(stdout=report(changed=True, dry_run=True, actions=["resize 64 MiB to 128 MiB"]))
+    outcome, result = run(monkeypatch, sparse_volume,
+                          {"name": "data", "size": "128M", "_ansible_check_mode": True}, cli)
+    assert outcome == "ok"
+    assert cli.calls[0][0][-1] == "--dry-run"
+    assert result["changed"] is True
+    assert result["actions"] == ["resize 64 MiB to 128 MiB"]
+
+
+def test_result_comes_from_the_cli(monkeypatch):
+    after = dict(RECORD, enabled=False)
+    cli = FakeCli(stdout=report(changed=True, actions=["disable"], after=after))
+    outcome, result = run(monkeypatch, sparse_volume, {"uuid": UUID, "enabled": False}, cli)
+    assert outcome == "ok"
+    assert result["changed"] is True
+    assert result["uuid"] == UUID
+    assert result["before"] == RECORD and result["after"] == after
+    assert "diff" not in result, "diff only when asked for (--diff)"
+
+
+def test_unchanged_is_not_changed(monkeypatch):
+    outcome, result = run(monkeypatch, sparse_volume, {"name": "data"}, FakeCli(stdout=report()))
+    assert outcome == "ok" and result["changed"] is False
+
+
+def test_diff_mode_returns_before_and_after(monkeypatch):
+    cli = FakeCli(stdout=report(changed=True, actions=["create"], before=None))
+    _, result = run(monkeypatch, sparse_volume,
+                    {"name": "data", "size": "64M", "_ansible_diff": True}, cli)
+    # A volume that did not exist is an empty text, not null.
+    assert result["diff"] == {"before": "", "after": RECORD}
+    assert result["before"] is None
+
+
+def test_absent_and_unknown(monkeypatch):
+    cli = FakeCli(stdout=json.dumps({"changed": False, "uuid": None, "name": "gone",
+                                     "state": "absent", "dry_run": False, "actions": [],
+                                     "before": None, "after": None}))
+    outcome, result = run(monkeypatch, sparse_volume, {"name": "gone", "state": "absent"}, cli)
+    assert outcome == "ok"
+    assert result["changed"] is False and result["uuid"] is None
+    assert cli.document() == {"name": "gone", "state": "absent"}
+
+
+def test_refusal_message_is_the_json_error(monkeypatch):
+    message = "volume data (" + UUID + "): cannot shrink from 128 MiB to 64 MiB"
+    cli = FakeCli(rc=1,
+                  stdout=json.dumps({"changed": False, "uuid": UUID, "error": message}),
+                  stderr="sparse-volume: " + message + "\n")
+    outcome, result = run(monkeypatch, sparse_volume, {"name": "data", "size": "64M"}, cli)
+    assert outcome == "failed"
+    assert result["msg"] == message
+    assert result["rc"] == 1
+    assert result["stderr"] == "sparse-volume: " + message + "\n"
+    assert "cannot shrink" in result["stdout"]
+
+
+def test_refusal_without_json_takes_the_prefixed_stderr_line(monkeypatch):
+    cli = FakeCli(rc=1, stderr="WARN some log line\nsparse-volume: the registry is locked\n"
+                               "sparse-volume: warning: unit states are unknown\n")
+    _, result = run(monkeypatch, sparse_volume, {"name": "data"}, cli)
+    assert result["msg"] == "the registry is locked"
+
+
+def test_usage_error_takes_the_first_stderr_line(monkeypatch):
+    stderr = ("error: unexpected argument '--frobnicate' found\n\n"
+              "Usage: sparse-volume apply [OPTIONS]\n\nFor more information, try '--help'.\n")
+    _, result = run(monkeypatch, sparse_volume, {"name": "data"}, FakeCli(rc=2, stderr=stderr))
+    assert result["msg"] == "error: unexpected argument '--frobnicate' found"
+    assert result["rc"] == 2
+
+
+def test_silent_failure_still_says_something(monkeypatch):
+    _, result = run(monkeypatch, sparse_volume, {"name": "data"}, FakeCli(rc=101))
+    assert result["msg"] == "sparse-volume exited with status 101 and printed no message"
+
+
+def test_output_that_is_not_json_fails(monkeypatch):
+    outcome, result = run(monkeypatch, sparse_volume, {"name": "data"}, FakeCli(stdout="ok\n"))
+    assert outcome == "failed"
+    assert result["msg"].startswith("sparse-volume printed no JSON report")
+
+
+def test_needs_uuid_or_name(monkeypatch):
+    cli = FakeCli(stdout=report())
+    outcome, result = run(monkeypatch, sparse_volume, {"size": "64M"}, cli)
+    assert outcome == "failed"
+    assert "uuid" in result["msg"] and "name" in result["msg"]
+    assert cli.calls == [], "the CLI is not run"
+
+
+@pytest.mark.parametrize("bad", [{"mode": "raid"}, {"fs_type": "btrfs"}, {"sector_size": 1024},
+                                 {"colour": "blue"}])
+def test_bad_options_fail_before_the_cli(monkeypatch, bad):
+    cli = FakeCli(stdout=report())
+    outcome, _ = run(monkeypatch, sparse_volume, dict(bad, name="data"), cli)
+    assert outcome == "failed"
+    assert cli.calls == []
+
+
+def test_info_lists_volumes(monkeypatch):
+    listing = {"changed": False, "volumes": [dict(RECORD, allocated=4096)], "errors": [],
+               "systemd_error": "no bus", "storage_roots": [{"path": "/var/lib/sparse-volume"}]}
+    cli = FakeCli(stdout=json.dumps(listing))
+    outcome, result = run(monkeypatch, sparse_volume_info, {"_ansible_check_mode": True}, cli)
+    assert outcome == "ok"
+    assert cli.calls[0][0] == ["/usr/bin/sparse-volume", "list", "--json"]
+    assert cli.calls[0][1] is None, "nothing on stdin"
+    assert result["changed"] is False
+    assert result["volumes"] == listing["volumes"]
+    assert result["systemd_error"] == "no bus"
+    assert result["storage_roots"] == listing["storage_roots"]
+
+
+def test_info_failure(monkeypatch):
+    cli = FakeCli(rc=1, stderr="sparse-volume: cannot read /etc/sparse-volume/volumes.d: Permission denied\n")
+    outcome, result = run(monkeypatch, sparse_volume_info, {}, cli)
+    assert outcome == "failed"
+    assert result["msg"] == "cannot read /etc/sparse-volume/volumes.d: Permission denied"

@@ -1,0 +1,352 @@
+#!/usr/bin/env bash
+# Acceptance test of the Ansible collection (packaging/ansible) over SSH
+# against a Debian guest with real systemd and udev: the guest has only the
+# .deb and python3, the collection is installed on this machine (the
+# controller) from the tarball packaging/ansible/build.sh makes.
+#
+#   tests/vm/ansible.sh                       (root; builds the .deb if missing)
+#   SV_VM_SUITE=trixie tests/vm/ansible.sh    (the same on Debian 13)
+#
+# Phases (each timed; the playbooks are in tests/vm/ansible/, the guest's
+# checks in tests/vm/ansible/check.sh):
+#   converge         playbook 1: ext4, xfs (320M) and block volumes, enabled
+#                    and attached now; an fstab consumer of the ext4 one
+#                    (UUID=), mounted, with 8 MiB of random data
+#   converge again   the same playbook: changed=0
+#   check --diff     playbook 2 (grow the mounted ext4 volume, disable the
+#                    xfs one now) with --check --diff: changed=2 and a diff
+#                    of both, and the registry, the backing files (size,
+#                    allocated blocks, sha256), the loop devices and the
+#                    units byte-identical before and after
+#   change           playbook 2 for real: size in registry, file, loop
+#                    device and the mounted file system; xfs disabled,
+#                    stopped and detached
+#   reboot           ansible.builtin.reboot, then sparse_volume_info: the
+#                    enabled volumes attached, the disabled one not; then
+#                    their links, the fstab mount and the data's checksum
+#   remove           state: absent keeps the backing file; with
+#                    delete_data: true it is gone
+#   refuse           a grow to 100T is a failed task whose msg is the CLI's
+#                    own one-line reason for the same request (run directly)
+#
+# The .deb is the newest in ${CARGO_TARGET_DIR:-target}/packages (as for
+# scenario.sh); ansible-core is the venv of tests/ansible/requirements.txt,
+# shared with tests/ansible/run.sh and made the same way when missing.
+# Exit status 75: the guest's kernel panicked (the oops is printed).
+set -euo pipefail
+target=${CARGO_TARGET_DIR:-}
+[[ -z $target || $target == /* ]] || target=$PWD/$target
+cd "$(dirname "$0")/../.."
+target=${target:-$PWD/target}
+
+# shellcheck source=tests/vm/lib.sh
+. tests/vm/lib.sh
+
+# The volumes. UUIDs pinned, as a real inventory would.
+EXT4=6a1f3c2e-0b7d-4e59-8c41-2d9e7f1a5b30
+XFS=7b2e4d3f-1c8e-4f6a-9d52-3eaf8a2b6c41
+BLOCK=8c3f5e4a-2d9f-4a7b-8e63-4fb09b3c7d52
+EXT4_GROWN=$((96 * 1024 * 1024))
+TOO_BIG=100T
+
+current_phase=""
+timings=()
+playbook_pid=""
+on_exit() {
+    local rc=$? sock
+    # An ansible-playbook still running (interrupted): it was started here.
+    if [[ -n $playbook_pid ]] && kill -0 "$playbook_pid" 2>/dev/null; then
+        kill "$playbook_pid" 2>/dev/null || true
+    fi
+    if ((rc != 0)); then
+        [[ -z $current_phase ]] || vm_log "FAIL in phase '$current_phase' (exit $rc)"
+        if [[ -n $SV_VM_RUN ]] && vm_guest_panicked; then
+            vm_log "the guest kernel panicked in this run; its oops from the serial console:"
+            vm_serial_oops
+            rc=75
+        else
+            vm_serial_tail
+        fi
+    fi
+    # Ansible's SSH control masters (ControlPersist) of this run.
+    for sock in "${work:-/nonexistent}"/cp/*; do
+        if [[ -S $sock ]]; then
+            ssh -o ControlPath="$sock" -O exit sv-test >/dev/null 2>&1 || true
+        fi
+    done
+    vm_cleanup || true
+    exit "$rc"
+}
+trap on_exit EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
+fail() {
+    vm_log "FAIL: $*"
+    exit 1
+}
+
+# phase NAME FUNCTION [ARGS...]: runs one step, timed.
+phase() {
+    local name=$1 start
+    shift
+    current_phase=$name
+    start=$(vm__now_ms)
+    vm_log "=== $name"
+    "$@"
+    timings+=("$(printf '%-16s %8s' "$name" "$(vm__since "$start")")")
+    vm_log "=== $name: PASS in $(vm__since "$start")"
+    current_phase=""
+}
+
+# ------------------------------------------------------------ controller
+
+# shellcheck disable=SC2012 # as scenario.sh: the newest by time
+newest_deb() { ls -t "$target/packages"/sparse-volume_*_amd64.deb 2>/dev/null | head -n 1; }
+
+prepare() {
+    deb=$(newest_deb)
+    if [[ -z $deb ]]; then
+        CARGO_TARGET_DIR=$target packaging/build-packages.sh
+        deb=$(newest_deb)
+    fi
+    [[ -n $deb ]] || fail "no $target/packages/sparse-volume_*_amd64.deb after packaging/build-packages.sh"
+    vm_log "package under test: $deb ($(date -r "$deb" '+built %F %T'))"
+
+    # The venv of tests/ansible/run.sh (same path, made the same way).
+    local cache=${SV_TEST_VENV_CACHE:-/var/cache/sparse-volume-tests} script
+    venv=$cache/ansible-venv-$(sha256sum tests/ansible/requirements.txt | cut -c1-16)
+    if [[ ! -x $venv/bin/ansible-test ]]; then
+        vm_log "making $venv"
+        rm -rf "$venv.building"
+        mkdir -p "$cache"
+        "${SV_PYTHON:-python3}" -m venv "$venv.building"
+        "$venv.building/bin/pip" install --quiet --disable-pip-version-check -r tests/ansible/requirements.txt
+        grep -l -r -F "$venv.building" "$venv.building/bin" | while read -r script; do
+            [[ -L $script ]] || sed -i "s|$venv.building|$venv|g" "$script"
+        done
+        mv "$venv.building" "$venv"
+    fi
+    export PATH=$venv/bin:$PATH PYTHONDONTWRITEBYTECODE=1
+    mkdir -p "$work/cp" "$work/home" "$work/tmp"
+    export ANSIBLE_CONFIG=$work/ansible.cfg ANSIBLE_COLLECTIONS_PATH=$work/collections
+    export ANSIBLE_HOME=$work/home ANSIBLE_LOCAL_TEMP=$work/tmp ANSIBLE_NOCOLOR=1
+    cat >"$work/ansible.cfg" <<EOF
+[defaults]
+inventory = $work/inventory.yml
+collections_path = $work/collections
+retry_files_enabled = False
+forks = 1
+timeout = 30
+[ssh_connection]
+pipelining = True
+control_path_dir = $work/cp
+ssh_args = -o ControlMaster=auto -o ControlPersist=120s -o ServerAliveInterval=5 -o ServerAliveCountMax=6
+EOF
+    vm_log "$(ansible --version | head -n 1) from $venv"
+
+    # The collection as users get it: the tarball, installed.
+    local tarball
+    tarball=$(packaging/ansible/build.sh "$work/dist")
+    ansible-galaxy collection install -p "$work/collections" "$tarball" >"$work/galaxy.log" 2>&1 ||
+        { cat "$work/galaxy.log" >&2; fail "ansible-galaxy collection install $tarball"; }
+    [[ -d $work/collections/ansible_collections/sparse_volume/sparse_volume ]] ||
+        fail "the collection is not where ansible-galaxy was told to install it"
+    vm_log "collection: ${tarball##*/} installed in $work/collections"
+}
+
+# After vm_start: the port is known.
+write_inventory() {
+    cat >"$work/inventory.yml" <<EOF
+guest:
+  hosts:
+    sv-test:
+      ansible_host: 127.0.0.1
+      ansible_port: $SV_VM_PORT
+      ansible_user: root
+      ansible_ssh_private_key_file: $SV_VM_IMAGE/id_ed25519
+      ansible_ssh_common_args: >-
+        -o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null
+        -o GlobalKnownHostsFile=/dev/null -o IdentitiesOnly=yes -o LogLevel=ERROR
+      ansible_python_interpreter: /usr/bin/python3
+  vars:
+    sv_ext4: $EXT4
+    sv_xfs: $XFS
+    sv_block: $BLOCK
+    sv_ext4_grown: 96M
+    sv_too_big: $TOO_BIG
+    sv_results: $work
+    sv_volumes:
+      - {name: data, uuid: $EXT4, size: 64M, mode: filesystem, fs_type: ext4}
+      - {name: scratch, uuid: $XFS, size: 320M, mode: filesystem, fs_type: xfs}
+      - {name: raw, uuid: $BLOCK, size: 64M, mode: block}
+EOF
+}
+
+# playbook LOG PLAYBOOK [ARGS...]: ansible-playbook, its output in LOG and
+# on stderr. While it runs, a guest that went to emergency mode or whose
+# kernel panicked (a reboot that will not come back) ends it at once.
+playbook() {
+    local log=$1 file=$2 pid rc=0
+    shift 2
+    ansible-playbook "tests/vm/ansible/$file" "$@" >"$log" 2>&1 &
+    pid=$!
+    playbook_pid=$pid
+    while kill -0 "$pid" 2>/dev/null; do
+        if vm__serial_emergency || vm__serial_panicked; then
+            kill "$pid" 2>/dev/null || true
+            wait "$pid" || true
+            sed 's/^/    | /' "$log" >&2
+            vm__serial_this_boot | grep -E 'Timed out|Dependency failed|FAILED|Kernel panic' |
+                sed 's/^/    | /' >&2 || true
+            fail "$file: the guest went to emergency mode or panicked"
+        fi
+        sleep 1
+    done
+    wait "$pid" || rc=$?
+    playbook_pid=""
+    sed 's/^/    | /' "$log" >&2
+    ((rc == 0)) || fail "ansible-playbook $file $* exited $rc"
+}
+
+# recap LOG FIELD: a number of the guest's PLAY RECAP line (changed, failed...).
+recap() {
+    local line
+    line=$(grep -E '^sv-test +:' "$1" | tail -n 1) || fail "no PLAY RECAP line for sv-test in $1"
+    sed -n "s/.* $2=\([0-9]*\).*/\1/p" <<<"$line"
+}
+
+# ------------------------------------------------------------ guest
+
+guest_check() {
+    vm_ssh "SV_EXT4=$EXT4 SV_XFS=$XFS SV_BLOCK=$BLOCK SV_EXT4_GROWN=$EXT4_GROWN bash /root/check.sh $1" </dev/null ||
+        fail "the guest's check '$1' failed (see above)"
+}
+
+boot() {
+    # shellcheck disable=SC2119 # no data disks: the volumes live on the root disk
+    vm_start
+    write_inventory
+    # shellcheck disable=SC2016 # expanded in the guest
+    vm_log "guest: $(vm_ssh '. /etc/os-release && echo "$PRETTY_NAME, $(systemctl --version | head -n 1 | cut -d" " -f1,2), $(python3 --version), kernel $(uname -r)"' </dev/null)"
+}
+
+install_package() {
+    vm_copy_in "$deb" tests/vm/ansible/check.sh /root/
+    vm_ssh "dpkg -i /root/${deb##*/} >/dev/null" </dev/null
+    vm_ssh 'sparse-volume --version' </dev/null >&2
+}
+
+converge() {
+    playbook "$work/converge.log" converge.yml
+    [[ $(recap "$work/converge.log" failed) == 0 ]] || fail "playbook 1: failed tasks"
+    (($(recap "$work/converge.log" changed) > 0)) || fail "playbook 1 on a fresh guest changed nothing"
+    payload_sum=$(vm_ssh 'cat /root/payload.sha256' </dev/null)
+    [[ -n $payload_sum ]] || fail "no checksum of the data on /mnt/data"
+    vm_log "data on the ext4 volume: $payload_sum"
+}
+
+converge_again() {
+    playbook "$work/converge2.log" converge.yml
+    local changed
+    changed=$(recap "$work/converge2.log" changed)
+    [[ $changed == 0 ]] || fail "playbook 1 run again: changed=$changed, expected changed=0"
+}
+
+check_diff() {
+    vm_ssh "SV_EXT4=$EXT4 SV_XFS=$XFS SV_BLOCK=$BLOCK bash /root/check.sh snapshot" </dev/null >"$work/before.txt" ||
+        fail "snapshot before the --check run"
+    playbook "$work/check.log" change.yml --check --diff
+    vm_ssh "SV_EXT4=$EXT4 SV_XFS=$XFS SV_BLOCK=$BLOCK bash /root/check.sh snapshot" </dev/null >"$work/after.txt" ||
+        fail "snapshot after the --check run"
+    local changed
+    changed=$(recap "$work/check.log" changed)
+    [[ $changed == 2 ]] || fail "playbook 2 with --check: changed=$changed, expected changed=2"
+    # The default callback prints each diff as before/after JSON lines.
+    grep -q -E "^\+ +\"size\": $EXT4_GROWN,?\$" "$work/check.log" ||
+        fail "the --diff output has no '+ \"size\": $EXT4_GROWN' for the ext4 volume"
+    grep -q -E '^\+ +"enabled": false,?$' "$work/check.log" ||
+        fail "the --diff output has no '+ \"enabled\": false' for the xfs volume"
+    if ! cmp -s "$work/before.txt" "$work/after.txt"; then
+        diff -u "$work/before.txt" "$work/after.txt" | sed 's/^/    | /' >&2 || true
+        fail "the --check run changed the node (above: registry, backing files, loop devices, units)"
+    fi
+    vm_log "the node is byte-identical before and after the --check run ($(grep -c '^===' "$work/before.txt") items compared)"
+}
+
+change() {
+    playbook "$work/change.log" change.yml --diff
+    local changed
+    changed=$(recap "$work/change.log" changed)
+    [[ $changed == 2 ]] || fail "playbook 2: changed=$changed, expected changed=2"
+    guest_check changed
+}
+
+reboot_and_verify() {
+    playbook "$work/reboot.log" reboot.yml
+    guest_check booted
+    local sum
+    sum=$(vm_ssh 'sha256sum /mnt/data/payload' </dev/null)
+    [[ $sum == "$payload_sum" ]] || fail "the data on the ext4 volume after the reboot: $sum, expected $payload_sum"
+    vm_log "data intact after the reboot: $sum"
+}
+
+remove() {
+    playbook "$work/remove.log" remove.yml
+    local changed
+    changed=$(recap "$work/remove.log" changed)
+    [[ $changed == 2 ]] || fail "playbook 3: changed=$changed, expected changed=2"
+    guest_check removed
+}
+
+free_masked() { sed -E 's/[0-9]+(\.[0-9]+)? ([KMGTPE]i)?B free/N free/'; }
+
+refuse() {
+    playbook "$work/refuse.log" refuse.yml
+    [[ $(recap "$work/refuse.log" ignored) == 1 ]] || fail "the grow to $TOO_BIG was not a failed (ignored) task"
+    local out err rc=0 msg cli_error
+    out=$(vm_ssh "sparse-volume apply --json --uuid $EXT4 --size $TOO_BIG 2>/root/refuse.err" </dev/null) || rc=$?
+    err=$(vm_ssh 'cat /root/refuse.err' </dev/null)
+    [[ $rc == 1 ]] || fail "sparse-volume apply --size $TOO_BIG on the node exited $rc, expected 1 (stdout: $out, stderr: $err)"
+    msg=$(jq -r 'if .failed then .msg else "NOT FAILED" end' "$work/refuse.json")
+    cli_error=$(jq -r '.error' <<<"$out")
+    vm_log "the task's msg:  $msg"
+    vm_log "the CLI's error: $cli_error"
+    vm_log "the CLI's stderr: $err"
+    [[ $msg != "NOT FAILED" ]] || fail "the grow to $TOO_BIG did not fail the task"
+    [[ $(grep -c . <<<"$msg") == 1 ]] || fail "the task's msg is not one line"
+    grep -q 'not enough space' <<<"$msg" || fail "the task's msg does not give the reason (not enough space)"
+    # The free space in the message may move between the two runs (the
+    # guest's journal writes): only that number may differ.
+    if [[ $msg != "$cli_error" ]]; then
+        [[ $(free_masked <<<"$msg") == "$(free_masked <<<"$cli_error")" ]] ||
+            fail "the task's msg is not the CLI's error for the same request"
+        vm_log "(the two differ only in the free space they saw)"
+    fi
+    [[ $err == "sparse-volume: $cli_error" ]] || fail "the CLI's stderr is not the one line 'sparse-volume: <error>'"
+    [[ $(jq -r '.rc' "$work/refuse.json") == 1 ]] || fail "the task's rc is not 1"
+    guest_check refused
+}
+
+# ------------------------------------------------------------ run
+
+total=$(vm__now_ms)
+# The run directory of lib.sh holds this run's controller files too (kept
+# with SV_VM_KEEP=1, removed otherwise).
+SV_VM_RUN=$(mktemp -d -t sv-vm.XXXXXX)
+work=$SV_VM_RUN/ansible
+mkdir -p "$work"
+phase "prepare" prepare
+phase "boot" boot
+phase "install" install_package
+phase "converge" converge
+phase "converge again" converge_again
+phase "check --diff" check_diff
+phase "change" change
+phase "reboot" reboot_and_verify
+phase "remove" remove
+phase "refuse" refuse
+phase "poweroff" vm_stop
+vm_log "phase times:"
+printf '    %s\n' "${timings[@]}" >&2
+vm_log "PASS: Ansible against the $SV_VM_SUITE guest in $(vm__since "$total") (accelerator: $SV_VM_ACCEL_USED)"
