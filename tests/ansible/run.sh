@@ -64,25 +64,10 @@ trap 'rm -rf "$work"' EXIT
 # ------------------------------------------------------------ the venv
 
 printf '=== venv of tests/ansible/requirements.txt\n'
-# Cached by the hash of the pinned list; built aside and renamed, so an
-# interrupted install is never used.
-cache=${SV_TEST_VENV_CACHE:-/var/cache/sparse-volume-tests}
-venv=$cache/ansible-venv-$(sha256sum tests/ansible/requirements.txt | cut -c1-16)
-if [[ ! -x $venv/bin/ansible-test ]]; then
-    rm -rf "$venv.building"
-    mkdir -p "$cache"
-    "${SV_PYTHON:-python3}" -m venv "$venv.building"
-    "$venv.building/bin/pip" install --quiet --disable-pip-version-check -r tests/ansible/requirements.txt
-    # pip wrote the .building path into the scripts' #! lines (and
-    # activate): point them at the final path before the rename.
-    grep -l -r -F "$venv.building" "$venv.building/bin" | while read -r script; do
-        [[ -L $script ]] || sed -i "s|$venv.building|$venv|g" "$script"
-    done
-    mv "$venv.building" "$venv"
-    echo "made $venv"
-else
-    echo "cached: $venv"
-fi
+# shellcheck source=tests/ansible/venv.sh
+. tests/ansible/venv.sh
+venv=$(ansible_venv)
+cache=$(dirname "$venv") # ansible-test's own venvs are kept beside it
 export PATH=$venv/bin:$PATH
 export PYTHONDONTWRITEBYTECODE=1 # no __pycache__ in the source tree
 export ANSIBLE_HOME=$work/ansible-home ANSIBLE_LOCAL_TEMP=$work/ansible-tmp ANSIBLE_NOCOLOR=1

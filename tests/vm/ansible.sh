@@ -113,20 +113,10 @@ prepare() {
     [[ -n $deb ]] || fail "no $target/packages/sparse-volume_*_amd64.deb after packaging/build-packages.sh"
     vm_log "package under test: $deb ($(date -r "$deb" '+built %F %T'))"
 
-    # The venv of tests/ansible/run.sh (same path, made the same way).
-    local cache=${SV_TEST_VENV_CACHE:-/var/cache/sparse-volume-tests} script
-    venv=$cache/ansible-venv-$(sha256sum tests/ansible/requirements.txt | cut -c1-16)
-    if [[ ! -x $venv/bin/ansible-test ]]; then
-        vm_log "making $venv"
-        rm -rf "$venv.building"
-        mkdir -p "$cache"
-        "${SV_PYTHON:-python3}" -m venv "$venv.building"
-        "$venv.building/bin/pip" install --quiet --disable-pip-version-check -r tests/ansible/requirements.txt
-        grep -l -r -F "$venv.building" "$venv.building/bin" | while read -r script; do
-            [[ -L $script ]] || sed -i "s|$venv.building|$venv|g" "$script"
-        done
-        mv "$venv.building" "$venv"
-    fi
+    # The venv of tests/ansible/run.sh.
+    # shellcheck source=tests/ansible/venv.sh
+    . tests/ansible/venv.sh
+    venv=$(ansible_venv)
     export PATH=$venv/bin:$PATH PYTHONDONTWRITEBYTECODE=1
     mkdir -p "$work/cp" "$work/home" "$work/tmp"
     export ANSIBLE_CONFIG=$work/ansible.cfg ANSIBLE_COLLECTIONS_PATH=$work/collections
