@@ -294,6 +294,14 @@ fn apply_desired(args: &ApplyArgs) -> Result<Desired, String> {
     Desired::from_document(&text)
 }
 
+/// A report with `dry_run` added after its own fields.
+#[derive(serde::Serialize)]
+struct DryRunTagged<'a, R> {
+    #[serde(flatten)]
+    report: &'a R,
+    dry_run: bool,
+}
+
 /// Prints a command's outcome for people or as one JSON object, and turns
 /// it into the exit status.
 struct Output {
@@ -312,13 +320,15 @@ impl Output {
                     eprintln!("sparse-volume: warning: {warning}");
                 }
                 if self.json {
-                    match serde_json::to_value(&report) {
-                        Ok(mut value) => {
-                            if let Some(object) = value.as_object_mut() {
-                                object.insert("dry_run".into(), self.dry_run.into());
-                            }
-                            println!("{value}");
-                        }
+                    // Flattened rather than inserted into a serde_json::Value,
+                    // whose map sorts the keys: the report keeps its own
+                    // field order (uuid first in a listing's rows).
+                    let tagged = DryRunTagged {
+                        report: &report,
+                        dry_run: self.dry_run,
+                    };
+                    match serde_json::to_string(&tagged) {
+                        Ok(text) => println!("{text}"),
                         Err(e) => eprintln!("sparse-volume: cannot render the report as JSON: {e}"),
                     }
                 } else if self.dry_run {

@@ -76,6 +76,16 @@ fn dry_then_real(fx: &Fixture, args: &[&str]) -> (Run, Run) {
         dry.code, dry.stderr, real.code, real.stderr
     );
     let (dry_report, real_report) = (dry.json(), real.json());
+    for run in [&dry, &real] {
+        // serde_json keeps the last of two equal keys; other parsers refuse
+        // the object or keep the first.
+        assert_eq!(
+            run.stdout.matches("\"dry_run\":").count(),
+            1,
+            "{args:?}: `dry_run` not said exactly once: {}",
+            run.stdout
+        );
+    }
     if real.code == 0 {
         assert_eq!(dry_report["dry_run"], true, "{}", dry.stdout);
         assert_eq!(real_report["dry_run"], false, "{}", real.stdout);

@@ -355,6 +355,16 @@ fn json_keys_are_kept() {
         assert!(volume.contains(key), "volume lost {key}: {volume:?}");
     }
     assert_eq!(volume.len(), before_volume.len(), "{volume:?}");
+    // The order too: a row reads uuid first, and line-based scripts (the
+    // VM suite's among them) split rows there. A report passed through a
+    // sorted map once made every row start with "active_state".
+    let raw = list(&fx, None, &["--json"]).stdout;
+    let first_row = raw
+        .split_once("\"volumes\":[")
+        .map(|(_, rows)| rows)
+        .unwrap_or_default();
+    assert!(first_row.starts_with("{\"uuid\":"), "{raw}");
+    assert!(raw.starts_with("{\"changed\":"), "{raw}");
     let top = keys(&listed);
     for key in ["changed", "volumes", "errors", "systemd_error"] {
         assert!(top.contains(key), "lost {key}: {top:?}");

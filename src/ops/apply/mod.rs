@@ -41,6 +41,9 @@ pub struct ApplyReport {
     pub uuid: Option<String>,
     pub name: Option<String>,
     pub state: State,
+    /// For the human summary; the JSON gets `dry_run` from main's output,
+    /// as every report does.
+    #[serde(skip)]
     pub dry_run: bool,
     /// What was done (or, in a dry run, would be), in order.
     pub actions: Vec<String>,
