@@ -126,12 +126,23 @@ fn converge(root: &SystemRoot, desired: &Desired, dry_run: bool) -> Result<Apply
     };
     let after = match planned {
         // A dry run changed nothing to read back: what the registry would
-        // say, with the device and unit as they are.
+        // say, with the device and unit as they are or as a planned stop
+        // leaves them (a planned start's device is not known before the
+        // attach picks it).
         Some(volume) if dry_run => {
             let mut after = record_without_runtime(&volume);
             if let Some(before) = &before {
                 after.device = before.device.clone();
                 after.active_state = before.active_state.clone();
+            }
+            let systemd_seen = after.active_state != UNKNOWN;
+            if converge.actions.iter().any(|a| a == "stop") {
+                after.device = None;
+                if systemd_seen {
+                    after.active_state = "inactive".into();
+                }
+            } else if converge.actions.iter().any(|a| a == "start") && systemd_seen {
+                after.active_state = "active".into();
             }
             // The UUID (and the default file name made of it) is chosen
             // when the volume is made, not now.
