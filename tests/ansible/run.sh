@@ -17,7 +17,6 @@
 #   SV_PACKAGES_DIR      where to keep the tarball (tests/run: beside the packages)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-top=$PWD
 started=$SECONDS
 
 die() {
@@ -64,9 +63,9 @@ trap 'rm -rf "$work"' EXIT
 # ------------------------------------------------------------ the venv
 
 printf '=== venv of tests/ansible/requirements.txt\n'
-# shellcheck source=tests/ansible/venv.sh
-. tests/ansible/venv.sh
-venv=$(ansible_venv)
+# shellcheck source=tests/pinned-venv.sh
+. tests/pinned-venv.sh
+venv=$(pinned_venv ansible tests/ansible/requirements.txt ansible-test)
 cache=$(dirname "$venv") # ansible-test's own venvs are kept beside it
 export PATH=$venv/bin:$PATH
 export PYTHONDONTWRITEBYTECODE=1 # no __pycache__ in the source tree
@@ -88,12 +87,11 @@ docs() {
     for module in sparse_volume sparse_volume_info; do
         # ansible-doc prints an [ERROR] and no page when the YAML is broken.
         out=$(ANSIBLE_COLLECTIONS_PATH=$collections ansible-doc "sparse_volume.sparse_volume.$module")
-        grep -q '^OPTIONS' <<<"$out" && grep -q '^EXAMPLES' <<<"$out" && grep -q '^RETURN VALUES' <<<"$out" ||
-            {
-                echo "$out"
-                echo "ansible-doc $module: a section is missing"
-                return 1
-            }
+        if ! grep -q '^OPTIONS' <<<"$out" || ! grep -q '^EXAMPLES' <<<"$out" || ! grep -q '^RETURN VALUES' <<<"$out"; then
+            echo "$out"
+            echo "ansible-doc $module: a section is missing"
+            return 1
+        fi
         echo "ansible-doc sparse_volume.sparse_volume.$module: $(wc -l <<<"$out") lines"
     done
 }
@@ -114,8 +112,8 @@ EOF
     mkdir -p "$home/.ansible/test/cache"
     cp tests/ansible/get-pip-standin.py "$home/.ansible/test/cache/get_pip_${pip_version//./_}.py"
     # Every sanity test of this ansible-core runs (those with nothing to
-    # check here say "No tests applicable": changelog, empty-init, pslint,
-    # shellcheck). compile and import run on Python 3.11 only: the other
+    # check here say "No tests applicable": changelog, empty-init, pslint
+    # and the shell script check). compile and import run on Python 3.11 only: the other
     # Pythons a managed node may have are not installed on this machine.
     # --venv: each test in ansible-test's own pinned venv, from PyPI.
     (cd "$collection" && HOME=$home ansible-test sanity -v --venv --python 3.11 --color no) >"$work/sanity.log" 2>&1 ||

@@ -45,26 +45,10 @@ work=$(mktemp -d -t sv-salt.XXXXXX)
 # The real test detaches whatever it attached before this runs.
 trap 'rm -rf "$work"' EXIT
 
-# Cached by the hash of the pinned list; built aside and renamed, so an
-# interrupted install is never used.
-venv=${SV_TEST_VENV_CACHE:-/var/cache/sparse-volume-tests}/salt-venv-$(sha256sum "$here/requirements.txt" | cut -c1-16)
-make_venv() {
-    if [[ -x $venv/bin/salt-call ]]; then
-        echo "venv: $venv (cached)"
-        return
-    fi
-    echo "venv: building $venv"
-    rm -rf "$venv.building"
-    mkdir -p "$(dirname "$venv")"
-    python3 -m venv "$venv.building"
-    "$venv.building/bin/pip" install --quiet --disable-pip-version-check -r "$here/requirements.txt"
-    # The scripts in bin/ keep the .building path in their #! line, so
-    # everything is run through $venv/bin/python (the tests run salt-call
-    # as "python .../bin/salt-call").
-    mv "$venv.building" "$venv"
-}
 t0=$SECONDS
-make_venv
+# shellcheck source=tests/pinned-venv.sh
+. "$top/tests/pinned-venv.sh"
+venv=$(cd "$top" && pinned_venv salt tests/salt/requirements.txt salt-call)
 lap "$t0" venv
 python=$venv/bin/python
 

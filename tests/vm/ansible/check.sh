@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
-# The guest half of tests/vm/ansible.sh: what the playbooks left on the
-# node, read with the node's own tools (not through the modules under
-# test). ansible.sh copies it to /root and runs one step at a time:
+# The guest half of tests/vm/config-management.sh: what the playbooks and
+# salt-ssh left on the node, read with the node's own tools (not through
+# the modules under test). config-management.sh copies it to /root and runs
+# one step at a time:
 #
 #   check.sh snapshot   prints the registry files, the backing files (size,
-#                       allocated blocks, sha256) and the loop devices, for
-#                       a byte comparison before and after a --check run
+#                       allocated blocks, sha256), the loop devices and the
+#                       units, for a byte comparison before and after a
+#                       --check or test=True run; of the volumes in
+#                       SV_VOLUMES (UUIDs), or of every registered volume
 #   check.sh changed    after playbook 2: the ext4 volume grown (registry,
 #                       file, loop device, mounted file system), the xfs one
 #                       disabled, stopped and detached
@@ -15,6 +18,9 @@
 #   check.sh removed    after state: absent: both unregistered, one backing
 #                       file kept, the other deleted, nothing attached to them
 #   check.sh refused    after the refused grow: the ext4 volume unchanged
+#   check.sh salt       after salt-ssh's first state.apply: its ext4 volume
+#                       (SV_SALT_EXT4) and block volume (SV_SALT_BLOCK)
+#                       registered, attached once, linked, units active
 #
 # The volumes come from the environment: SV_EXT4, SV_XFS, SV_BLOCK (UUIDs)
 # and SV_EXT4_GROWN (the ext4 volume's size in bytes after playbook 2).
@@ -63,11 +69,21 @@ snapshot)
     # kernel still holds for the mounted ext4 volume is not written in
     # between by chance.
     sync
-    for f in "$VOLUMES_D"/*; do
+    if [[ -n ${SV_VOLUMES:-} ]]; then
+        read -r -a volumes <<<"$SV_VOLUMES"
+    else
+        volumes=()
+        for f in "$VOLUMES_D"/*.toml; do
+            volumes+=("$(basename "$f" .toml)")
+        done
+    fi
+    for uuid in "${volumes[@]}"; do
+        f=$VOLUMES_D/$uuid.toml
         printf '=== %s\n' "$(stat -c '%n %s bytes, mode %a, modified %y' "$f")"
         cat "$f"
     done
-    for f in "$STORAGE"/*; do
+    for uuid in "${volumes[@]}"; do
+        f=$STORAGE/$uuid
         printf '=== %s %s\n' "$(stat -c '%n %s bytes, %b blocks allocated, modified %y' "$f")" \
             "$(sha256sum <"$f" | cut -d' ' -f1)"
     done
@@ -76,7 +92,7 @@ snapshot)
     echo '=== loop devices (lsblk)'
     lsblk -b -n -l -o NAME,SIZE,RO,TYPE | grep '^loop' || true
     echo '=== units'
-    for uuid in "$SV_EXT4" "$SV_XFS" "$SV_BLOCK"; do
+    for uuid in "${volumes[@]}"; do
         echo "sparse-volume@$uuid.service $(unit_state "$uuid")"
     done
     ;;
@@ -133,6 +149,20 @@ refused)
     size=$(stat -c %s "$STORAGE/$SV_EXT4")
     [[ $size == "$SV_EXT4_GROWN" ]] || fail "ext4 volume: backing file of $size bytes after the refusal, expected $SV_EXT4_GROWN"
     log "ext4 volume unchanged at $SV_EXT4_GROWN bytes"
+    ;;
+salt)
+    for uuid in "$SV_SALT_EXT4" "$SV_SALT_BLOCK"; do
+        [[ -e $VOLUMES_D/$uuid.toml ]] || fail "$uuid: not registered"
+        [[ $(unit_state "$uuid") == active ]] || fail "$uuid: its unit is $(unit_state "$uuid")"
+    done
+    loop=$(only_loop_of "$STORAGE/$SV_SALT_EXT4")
+    [[ $(readlink -f "/dev/disk/by-uuid/$SV_SALT_EXT4") == "$loop" ]] ||
+        fail "salt ext4 volume: /dev/disk/by-uuid/$SV_SALT_EXT4 -> $(readlink -f "/dev/disk/by-uuid/$SV_SALT_EXT4"), expected $loop"
+    [[ $(blkid -o value -s TYPE "$loop") == ext4 ]] || fail "salt ext4 volume: $loop holds no ext4"
+    block=$(only_loop_of "$STORAGE/$SV_SALT_BLOCK")
+    [[ $(readlink -f "/dev/disk/by-partuuid/$SV_SALT_BLOCK") == "${block}p1" ]] ||
+        fail "salt block volume: /dev/disk/by-partuuid/$SV_SALT_BLOCK -> $(readlink -f "/dev/disk/by-partuuid/$SV_SALT_BLOCK"), expected ${block}p1"
+    log "ext4 on $loop, block on ${block}p1, both units active"
     ;;
 *)
     fail "unknown step"
