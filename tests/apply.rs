@@ -691,3 +691,23 @@ fn what_a_volume_cannot_become_is_refused_not_ignored() {
     let (_, same) = dry_then_real(&fx, &["apply", "--uuid", &odd, "--size", &exact]);
     assert_eq!(same.json()["changed"], false, "{}", same.stdout);
 }
+
+#[test]
+fn a_stop_then_a_failed_flag_write_reports_the_stop() {
+    let fx = Fixture::new();
+    let uuid = new_uuid();
+    fx.run_ok(&["create", "--size", "32M", "--uuid", &uuid, "--now"]);
+    let file = fx.backing(&uuid);
+    assert_eq!(loops_of(&file).len(), 1);
+    // The flag write (a rename into volumes.d) fails; the stop before it
+    // has happened and must be reported.
+    let entries = fx.host("/etc/sparse-volume/volumes.d");
+    tool("chattr", &["+i", entries.to_str().unwrap()]);
+    let document = format!(r#"{{"uuid": "{uuid}", "enabled": false, "now": true}}"#);
+    let failed = apply(&fx, &document, false);
+    tool("chattr", &["-i", entries.to_str().unwrap()]);
+    assert_eq!(failed.code, 1, "{}", failed.stderr);
+    assert!(loops_of(&file).is_empty());
+    assert_eq!(failed.json()["changed"], true, "{}", failed.stdout);
+    assert_eq!(actions(&failed), vec!["stop"], "{}", failed.stdout);
+}

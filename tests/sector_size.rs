@@ -502,8 +502,16 @@ fn attach_cancels_a_pending_detach_instead_of_adopting_a_vanishing_device() {
     );
     assert_eq!(sysfs_flag(&device, "loop/autoclear"), "1");
 
+    // The dry run plans the cancellation (a change) and leaves it pending.
+    let planned = fx.run(&["attach", &uuid, "--dry-run", "--json"]);
+    assert_eq!(planned.code, 0, "{}", planned.stderr);
+    assert_eq!(planned.json()["changed"], true, "{}", planned.stdout);
+    assert_eq!(device_of(&planned), device);
+    assert_eq!(sysfs_flag(&device, "loop/autoclear"), "1");
+
     let attached = fx.run(&["attach", &uuid, "--json"]);
     assert_eq!(attached.code, 0, "{}", attached.stderr);
+    assert_eq!(attached.json()["changed"], true, "{}", attached.stdout);
     assert_eq!(device_of(&attached), device);
     holder.release();
     // The kernel releases an autoclear device at the holder's last close.

@@ -74,19 +74,27 @@ pub struct AttachPlan {
 
 impl Report for AttachPlan {
     fn human(&self) -> String {
-        match &self.device {
-            Some(device) => format!("{} is attached as {}", self.uuid, device.display()),
-            None => format!("{} would be attached to a free loop device", self.uuid),
+        match (&self.device, self.changed) {
+            (Some(device), false) => format!("{} is attached as {}", self.uuid, device.display()),
+            (Some(device), true) => format!(
+                "{} is attached as {}, whose pending detach would be cancelled",
+                self.uuid,
+                device.display()
+            ),
+            (None, _) => format!("{} would be attached to a free loop device", self.uuid),
         }
     }
 }
 
 pub fn plan_attach(root: &SystemRoot, id: &VolumeId) -> Result<AttachPlan> {
-    let device = attach_planned(root, id)?;
+    let found = bound_after_checks(root, id)?;
     Ok(AttachPlan {
-        changed: device.is_none(),
+        // The real attach cancels a pending detach (see `keep_bound`).
+        changed: found
+            .as_ref()
+            .is_none_or(|(_, status)| status.has(LO_FLAGS_AUTOCLEAR)),
         uuid: id.to_string(),
-        device,
+        device: found.map(|(number, _)| LoopDevice::path_of(number)),
     })
 }
 
@@ -94,14 +102,17 @@ pub fn plan_attach(root: &SystemRoot, id: &VolumeId) -> Result<AttachPlan> {
 /// anything (skip switch, registry entry, backing file, content): the
 /// device the file is attached to already, or None when it would bind one.
 pub fn attach_planned(root: &SystemRoot, id: &VolumeId) -> Result<Option<PathBuf>> {
+    Ok(bound_after_checks(root, id)?.map(|(number, _)| LoopDevice::path_of(number)))
+}
+
+fn bound_after_checks(root: &SystemRoot, id: &VolumeId) -> Result<Option<(u32, LoopStatus)>> {
     refuse_if_skipped(root, id)?;
     let _lock = Registry::volume_lock(root, id)?;
     let (_, _, backing) = verified_backing(&Registry::open(root.clone()), id)?;
     let meta = backing.metadata().context("inspecting the backing file")?;
     Ok(loopdev::bound_statuses()?
         .into_iter()
-        .find(|(_, status)| status.is_backed_by(meta.dev(), meta.ino()))
-        .map(|(number, _)| LoopDevice::path_of(number)))
+        .find(|(_, status)| status.is_backed_by(meta.dev(), meta.ino())))
 }
 
 /// The volume's entry and its backing file, opened and verified to hold
