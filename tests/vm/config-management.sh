@@ -114,17 +114,8 @@ phase() {
 
 # ------------------------------------------------------------ controller
 
-# shellcheck disable=SC2012 # as scenario.sh: the newest by time
-newest_deb() { ls -t "$target/packages"/sparse-volume_*_amd64.deb 2>/dev/null | head -n 1; }
-
 prepare() {
-    deb=$(newest_deb)
-    if [[ -z $deb ]]; then
-        CARGO_TARGET_DIR=$target packaging/build-packages.sh
-        deb=$(newest_deb)
-    fi
-    [[ -n $deb ]] || fail "no $target/packages/sparse-volume_*_amd64.deb after packaging/build-packages.sh"
-    vm_log "package under test: $deb ($(date -r "$deb" '+built %F %T'))"
+    deb=$(vm_package_under_test "$target") || fail "no package to test"
 
     # The venvs of tests/ansible/run.sh and tests/salt/run.sh.
     # shellcheck source=tests/pinned-venv.sh

@@ -698,6 +698,26 @@ vm_stop() {
     vm_log "stopped in $(vm__since "$start")"
 }
 
+# vm_package_under_test TARGET: prints the newest .deb in TARGET/packages
+# (a cargo target directory), building the packages there first when it
+# has none, and logs which one it is.
+vm_package_under_test() {
+    local target=$1 deb
+    # shellcheck disable=SC2012 # the newest by time; the names have no newlines
+    deb=$(ls -t "$target/packages"/sparse-volume_*_amd64.deb 2>/dev/null | head -n 1)
+    if [[ -z $deb ]]; then
+        CARGO_TARGET_DIR=$target "$SV_VM_LIB_DIR/../../packaging/build-packages.sh" >&2 || return 1
+        # shellcheck disable=SC2012
+        deb=$(ls -t "$target/packages"/sparse-volume_*_amd64.deb 2>/dev/null | head -n 1)
+    fi
+    [[ -n $deb ]] || {
+        vm_log "ERROR: no $target/packages/sparse-volume_*_amd64.deb after packaging/build-packages.sh"
+        return 1
+    }
+    vm_log "package under test: $deb ($(date -r "$deb" '+built %F %T'))"
+    echo "$deb"
+}
+
 # vm_cleanup: for `trap vm_cleanup EXIT`. Kills the qemu this shell started
 # (by its recorded pid) and removes the run directory (kept if
 # SV_VM_KEEP=1). Keeps the exit status it was called with.

@@ -57,16 +57,8 @@ on_exit() {
 }
 trap on_exit EXIT
 
-packages=$target/packages
-newest_deb() { ls -t "$packages"/sparse-volume_*_amd64.deb 2>/dev/null | head -n 1; }
-deb=$(newest_deb)
-if [[ -z $deb ]]; then
-    CARGO_TARGET_DIR=$target packaging/build-packages.sh
-    deb=$(newest_deb)
-fi
-[[ -n $deb ]] || { vm_log "FAIL: no $packages/sparse-volume_*_amd64.deb after packaging/build-packages.sh"; exit 1; }
+deb=$(vm_package_under_test "$target")
 debs=("$deb")
-vm_log "package under test: $deb ($(date -r "$deb" '+built %F %T'))"
 
 soft=${SV_VM_SOFT:-0}
 phase() {
