@@ -5,7 +5,9 @@
 #
 #   bench/vm-boot.sh [--volumes N] [--rounds N] [--out DIR]
 #
-# Installs the .deb in a fresh guest, registers N ext4 volumes of 16 MiB
+# Installs the newest .deb of ${CARGO_TARGET_DIR:-target}/packages (built
+# when there is none; after a change, run packaging/build-packages.sh first)
+# in a fresh guest, registers N ext4 volumes of 16 MiB
 # (default 100), each with an fstab consumer by UUID=, and enables, for the
 # same N files, the field's template unit (bench/losetup-field@.service:
 # `flock … losetup --find --partscan FILE`), which runs only on boots with
