@@ -69,7 +69,7 @@ measure() {
             -p ActiveEnterTimestampMonotonic -p CPUUsageNSec "${units[@]}"
         echo "mounts"
         systemctl show -p Id -p ActiveState -p InactiveExitTimestampMonotonic \
-            -p ActiveEnterTimestampMonotonic -p What "${mount_units[@]}"
+            -p ActiveEnterTimestampMonotonic "${mount_units[@]}"
     } | python3 -c '
 import json, statistics, sys
 
@@ -117,8 +117,7 @@ report = {
     "loop_mounts": int(info["loop_mounts"]),
     "unit_cpu_s": cpu_seconds(groups["units"]),
     "unit_median_s": statistics.median(
-        (int(e["ActiveEnterTimestampMonotonic"]) - int(e["InactiveExitTimestampMonotonic"])) / 1e6
-        for e in units
+        (end - start) / 1e6 for start, end in zip(unit_starts, unit_ends)
     ) if units else None,
     "first_unit_started_s": (first - userspace) / 1e6 if first else None,
     "first_to_last_active_s": (max(unit_ends) - first) / 1e6 if first else None,
