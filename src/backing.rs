@@ -13,13 +13,7 @@ use nix::fcntl::{fcntl, FcntlArg, OFlag};
 /// (not the path, which could change under us) is a regular, root-owned
 /// file that neither group nor others can write.
 pub fn open_backing_file(path: &Path, read_only: bool) -> Result<File> {
-    let file = OpenOptions::new()
-        .read(true)
-        .write(!read_only)
-        // O_NONBLOCK: opening a FIFO planted at the path must not hang us.
-        .custom_flags(libc::O_CLOEXEC | libc::O_NOFOLLOW | libc::O_NONBLOCK)
-        .open(path)
-        .map_err(|e| describe_open_error(path, e))?;
+    let file = open_without_hanging(path, read_only).map_err(|e| describe_open_error(path, e))?;
     let meta = file.metadata()?;
     if !meta.file_type().is_file() {
         bail!("backing file {} is not a regular file", path.display());
@@ -40,6 +34,36 @@ pub fn open_backing_file(path: &Path, read_only: bool) -> Result<File> {
     }
     fcntl(file.as_raw_fd(), FcntlArg::F_SETFL(OFlag::empty()))?;
     Ok(file)
+}
+
+/// How often an open that met a lease being broken is tried again, a
+/// millisecond apart.
+const LEASE_BREAK_RETRIES: u32 = 200;
+
+/// O_NONBLOCK, so that a FIFO planted at the path cannot hang us. On a
+/// regular file it has one other effect: while another process holds a
+/// lease on the file, the open fails with `EWOULDBLOCK` instead of waiting
+/// for the lease to go. Attach holds one for two system calls (see
+/// `loopdev::held_elsewhere`), so that open is simply tried again.
+pub fn open_without_hanging(path: &Path, read_only: bool) -> std::io::Result<File> {
+    let mut retries = 0;
+    loop {
+        let opened = OpenOptions::new()
+            .read(true)
+            .write(!read_only)
+            .custom_flags(libc::O_CLOEXEC | libc::O_NOFOLLOW | libc::O_NONBLOCK)
+            .open(path);
+        match opened {
+            Err(error)
+                if error.raw_os_error() == Some(libc::EWOULDBLOCK)
+                    && retries < LEASE_BREAK_RETRIES =>
+            {
+                retries += 1;
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
+            other => return other,
+        }
+    }
 }
 
 fn describe_open_error(path: &Path, error: std::io::Error) -> anyhow::Error {

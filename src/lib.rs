@@ -5,6 +5,7 @@ pub mod capacity;
 pub mod cli;
 pub mod crashpoint;
 pub mod creating_mark;
+pub mod device_note;
 pub mod extents;
 pub mod faultpoint;
 pub mod fsutil;

@@ -527,3 +527,179 @@ fn a_stop_while_waiting_for_the_loop_control_lock_binds_nothing() {
         loops_of(&file)
     );
 }
+
+/// The JSON report of `sparse-volume COMMAND UUID --json` and the
+/// `LOOP_GET_STATUS64` calls it made, from strace.
+fn status_queries(fx: &Fixture, command: &str, uuid: &str) -> (serde_json::Value, usize) {
+    let trace = fx.root.path().join(format!("{uuid}.{command}.strace"));
+    let command = fx.command(&[command, uuid, "--json"]);
+    let output = std::process::Command::new("strace")
+        .args(["-f", "-e", "trace=ioctl", "-o"])
+        .arg(&trace)
+        .arg(command.get_program())
+        .args(command.get_args())
+        .envs(
+            command
+                .get_envs()
+                .filter_map(|(key, value)| Some((key, value?))),
+        )
+        .output()
+        .expect("strace runs");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "{} failed: {}",
+        command
+            .get_args()
+            .next()
+            .unwrap_or_default()
+            .to_string_lossy(),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let queries = fs::read_to_string(&trace)
+        .expect("the trace")
+        .matches("LOOP_GET_STATUS64")
+        .count();
+    (serde_json::from_str(&stdout).expect("JSON"), queries)
+}
+
+/// Loop devices bound by hand to `count` small files of their own.
+struct Crowd {
+    devices: Vec<String>,
+}
+
+impl Crowd {
+    fn bind(fx: &Fixture, count: usize) -> Self {
+        let devices = (0..count)
+            .map(|i| {
+                let file = fx.root.path().join(format!("crowd-{i}"));
+                fx.sparse_file_of(&file, 1 << 20);
+                tool("losetup", &["--find", "--show", file.to_str().unwrap()])
+                    .trim()
+                    .to_string()
+            })
+            .collect();
+        Self { devices }
+    }
+}
+
+impl Drop for Crowd {
+    fn drop(&mut self) {
+        for device in &self.devices {
+            let _ = std::process::Command::new("losetup")
+                .args(["-d", device])
+                .status();
+        }
+    }
+}
+
+#[test]
+fn attach_asks_no_other_device_when_nothing_else_holds_the_file() {
+    let fx = Fixture::new();
+    let crowd = Crowd::bind(&fx, 24);
+    let uuid = new_uuid();
+    let file = fx.make_ext4(&uuid);
+    fx.register(&uuid, "filesystem", "");
+
+    let (report, queries) = status_queries(&fx, "attach", &uuid);
+    assert_eq!(report["changed"], true);
+    assert_eq!(loops_of(&file).len(), 1);
+    // The bind's own read-backs only, not one per bound device.
+    assert!(
+        queries < crowd.devices.len(),
+        "attach asked {queries} devices for their status with {} others bound",
+        crowd.devices.len()
+    );
+
+    // Attached now: the file is held by the device, so the devices are
+    // asked, and the one holding it is found.
+    let (again, _) = status_queries(&fx, "attach", &uuid);
+    assert_eq!(again["changed"], false);
+    assert_eq!(again["device"], report["device"]);
+
+    // Detach goes to the device attach noted, and the file then held by
+    // nothing else needs no look at the others.
+    let (detached, queries) = status_queries(&fx, "detach", &uuid);
+    assert_eq!(detached["devices"][0], report["device"]);
+    assert!(loops_of(&file).is_empty());
+    assert!(
+        queries < crowd.devices.len(),
+        "detach asked {queries} devices for their status with {} others bound",
+        crowd.devices.len()
+    );
+}
+
+#[test]
+fn attach_finds_a_device_bound_by_hand_through_a_hard_link() {
+    let fx = Fixture::new();
+    let _crowd = Crowd::bind(&fx, 4);
+    let uuid = new_uuid();
+    let file = fx.make_ext4(&uuid);
+    fx.register(&uuid, "filesystem", "");
+    let alias = fx.root.path().join("another-name");
+    fs::hard_link(&file, &alias).unwrap();
+
+    for read_only in [false, true] {
+        let mut args = vec!["--find", "--show"];
+        if read_only {
+            args.push("--read-only");
+        }
+        args.push(alias.to_str().unwrap());
+        let by_hand = tool("losetup", &args).trim().to_string();
+        let attached = fx.run_ok(&["attach", &uuid, "--json"]).json();
+        assert_eq!(
+            attached["device"],
+            by_hand.as_str(),
+            "attach must use the device bound through the hard link (read-only: {read_only})"
+        );
+        assert_eq!(loops_of(&file), vec![by_hand.clone()]);
+        fx.run_ok(&["detach", &uuid]);
+        assert!(loops_of(&file).is_empty());
+    }
+}
+
+#[test]
+fn detach_releases_a_second_device_bound_beside_the_noted_one() {
+    let fx = Fixture::new();
+    let (uuid, file, device) = attached_ext4(&fx);
+    let alias = fx.root.path().join("second-name");
+    fs::hard_link(&file, &alias).unwrap();
+    let second = tool("losetup", &["--find", "--show", alias.to_str().unwrap()])
+        .trim()
+        .to_string();
+
+    let detached = fx.run_ok(&["detach", &uuid, "--json"]).json();
+    let mut devices: Vec<String> = detached["devices"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| d.as_str().unwrap().to_string())
+        .collect();
+    devices.sort();
+    let mut expected = vec![device, second];
+    expected.sort();
+    assert_eq!(devices, expected);
+    assert_eq!(detached["found_by"], "backing-file");
+    assert!(loops_of(&file).is_empty());
+}
+
+#[test]
+fn detach_leaves_alone_a_noted_device_now_bound_to_another_file() {
+    let fx = Fixture::new();
+    let (uuid, file, device) = attached_ext4(&fx);
+    // The device goes away behind our back and its number is handed to
+    // someone else's file.
+    tool("losetup", &["-d", &device]);
+    let other = fx.root.path().join("someone-else");
+    fx.sparse_file_of(&other, 1 << 20);
+    let reused = tool("losetup", &["--show", &device, other.to_str().unwrap()])
+        .trim()
+        .to_string();
+    assert_eq!(reused, device);
+
+    let detached = fx.run_ok(&["detach", &uuid, "--json"]).json();
+    assert_eq!(detached["changed"], false, "{detached}");
+    assert_eq!(loops_of(&other), vec![device.clone()]);
+    assert!(loops_of(&file).is_empty());
+    tool("losetup", &["-d", &device]);
+}

@@ -10,6 +10,7 @@ use anyhow::{Context, Result};
 use nix::errno::Errno;
 use nix::fcntl::{Flock, FlockArg};
 
+use super::held_elsewhere;
 use super::sys::{self, LoopInfo64};
 use super::unwatched;
 
@@ -320,31 +321,53 @@ impl LockedLoopDevice {
 /// lookup per device node, bound or idle; a node that volumes came and
 /// went on keeps hundreds of idle ones. `/proc/partitions` lists only the
 /// devices with a capacity (a bound device has one unless its file is
-/// empty or its offset lies past the end: no data to guard), in one read
-/// when the listing is short.
+/// empty or its offset lies past the end: no data to guard), in a few
+/// reads.
 pub fn bound_devices() -> Result<Vec<u32>> {
-    match loops_listed_in_one_read() {
+    match loops_listed_consistently() {
         Some(numbers) => Ok(numbers),
         None => bound_devices_in_sysfs(),
     }
 }
 
-/// The loop devices of `/proc/partitions`, if one `read` returned the
-/// whole listing. One read is one pass over the disks; a listing that
-/// takes several is resumed by counting entries from the start, so a disk
-/// removed in between shifts the rest and a bound device would go
-/// unlisted. A listing without its header (masked by an empty file) is no
-/// answer either.
-fn loops_listed_in_one_read() -> Option<Vec<u32>> {
-    let mut file = File::open("/proc/partitions").ok()?;
-    let mut listing = vec![0; 64 * 1024];
-    let length = file.read(&mut listing).ok()?;
-    if file.read(&mut [0; 1]).ok()? != 0 {
+/// The loop devices of `/proc/partitions`, from a listing known to be
+/// whole. The kernel hands it out a page (about 100 disks) per `read`, and
+/// resumes each read by counting entries from the start, so a disk removed
+/// in between shifts the rest and a bound device would go unlisted. A
+/// listing that one read returned whole is one pass over the disks; a
+/// longer one counts only when a second listing reads the same. A listing
+/// without its header (masked by an empty file) is no answer either.
+fn loops_listed_consistently() -> Option<Vec<u32>> {
+    let (first, reads) = read_partitions()?;
+    if reads > 1 && read_partitions()?.0 != first {
         return None;
     }
-    let text = std::str::from_utf8(&listing[..length]).ok()?;
+    let text = std::str::from_utf8(&first).ok()?;
     text.starts_with("major minor")
         .then(|| loops_with_capacity(text))
+}
+
+/// `/proc/partitions` to its end, and how many reads returned data.
+/// Bounded: a listing this long is no kernel's.
+fn read_partitions() -> Option<(Vec<u8>, usize)> {
+    const CHUNK: usize = 64 * 1024;
+    const LIMIT: usize = 16 * 1024 * 1024;
+    let mut file = File::open("/proc/partitions").ok()?;
+    let mut listing = Vec::with_capacity(CHUNK);
+    let mut reads = 0;
+    loop {
+        let start = listing.len();
+        listing.resize(start + CHUNK, 0);
+        let length = file.read(&mut listing[start..]).ok()?;
+        listing.truncate(start + length);
+        if length == 0 {
+            return Some((listing, reads));
+        }
+        reads += 1;
+        if listing.len() > LIMIT {
+            return None;
+        }
+    }
 }
 
 /// The whole loop devices (`loopN`, not their partitions) in the text of
@@ -399,6 +422,20 @@ pub fn bound_statuses() -> Result<Vec<(u32, LoopStatus)>> {
         }
     }
     Ok(found)
+}
+
+/// The bound devices whose backing file is `backing` (device + inode), in
+/// number order. When the kernel says nothing but `backing` itself holds
+/// the file open, no device can: then none is asked.
+pub fn devices_holding(backing: &File) -> Result<Vec<(u32, LoopStatus)>> {
+    if held_elsewhere::held_by_us_alone(backing)? {
+        return Ok(Vec::new());
+    }
+    let meta = backing.metadata().context("inspecting the backing file")?;
+    Ok(bound_statuses()?
+        .into_iter()
+        .filter(|(_, status)| status.is_backed_by(meta.dev(), meta.ino()))
+        .collect())
 }
 
 /// Loop devices backed by the file at `path` (matched by device + inode,

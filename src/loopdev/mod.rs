@@ -4,6 +4,7 @@
 mod allocate;
 mod device;
 mod discard;
+mod held_elsewhere;
 pub mod sys;
 mod unwatched;
 
@@ -12,7 +13,8 @@ pub use allocate::{
     Bound,
 };
 pub use device::{
-    bound_devices, bound_statuses, devices_backed_by, devices_of_file, parent_loop_of,
-    LockedLoopDevice, LoopDevice, LoopStatus, LOOP_CONTROL,
+    bound_devices, bound_statuses, devices_backed_by, devices_holding, devices_of_file,
+    parent_loop_of, LockedLoopDevice, LoopDevice, LoopStatus, LOOP_CONTROL,
 };
 pub use discard::{forbid_discards, renew_if_discards_left_off, DiscardLimits};
+pub use held_elsewhere::held_by_us_alone;

@@ -11,6 +11,7 @@ use super::detach::detach_device;
 use super::Report;
 
 use crate::backing::open_backing_file;
+use crate::device_note;
 use crate::fsutil::backing_logical_block_size;
 use crate::kernel_cmdline;
 use crate::loopdev::sys::{LO_FLAGS_AUTOCLEAR, LO_FLAGS_PARTSCAN, LO_FLAGS_READ_ONLY};
@@ -109,10 +110,7 @@ fn bound_after_checks(root: &SystemRoot, id: &VolumeId) -> Result<Option<(u32, L
     refuse_if_skipped(root, id)?;
     let _lock = Registry::volume_lock(root, id)?;
     let (_, _, backing) = verified_backing(&Registry::open(root.clone()), id)?;
-    let meta = backing.metadata().context("inspecting the backing file")?;
-    Ok(loopdev::bound_statuses()?
-        .into_iter()
-        .find(|(_, status)| status.is_backed_by(meta.dev(), meta.ino())))
+    Ok(loopdev::devices_holding(&backing)?.into_iter().next())
 }
 
 /// The volume's entry and its backing file, opened and verified to hold
@@ -159,10 +157,7 @@ pub fn attach(root: &SystemRoot, id: &VolumeId) -> Result<AttachReport> {
     // and the device this call bound is released like after any other
     // failure.
     let stop_requests = termination::catch_stop_requests();
-    let existing: Vec<(u32, LoopStatus)> = loopdev::bound_statuses()?
-        .into_iter()
-        .filter(|(_, status)| status.is_backed_by(meta.dev(), meta.ino()))
-        .collect();
+    let existing = loopdev::devices_holding(&backing)?;
 
     // `bound_here`: a device this call bound, and so must release again
     // if attaching fails after all; a device found bound is left alone.
@@ -261,6 +256,7 @@ pub fn attach(root: &SystemRoot, id: &VolumeId) -> Result<AttachReport> {
             ))
         }
     };
+    device_note::record(root, id, number);
 
     Ok(AttachReport {
         changed,

@@ -11,6 +11,8 @@ use serde::Serialize;
 
 use super::Report;
 
+use crate::backing::open_without_hanging;
+use crate::device_note;
 use crate::inuse::users_of_loop;
 use crate::loopdev::{
     self, renew_if_discards_left_off, sys::LO_FLAGS_AUTOCLEAR, DiscardLimits, LoopDevice,
@@ -61,7 +63,25 @@ pub fn detach_locked(root: &SystemRoot, id: &VolumeId) -> Result<DetachReport> {
 }
 
 fn release(root: &SystemRoot, id: &VolumeId, really: bool) -> Result<DetachReport> {
-    let (devices, found_by) = find_bound(root, id)?;
+    let mut numbers = Vec::new();
+    let mut found_by = None;
+    if really {
+        if let Some((number, status, backing)) = noted_device(root, id) {
+            detach_device(number, status.backing())?;
+            numbers.push(number);
+            found_by = Some("backing-file");
+            // The usual case ends here: no second device holds the file.
+            if loopdev::held_by_us_alone(&backing)? {
+                return Ok(report(id, numbers, found_by));
+            }
+        }
+    }
+    let (mut devices, by) = find_bound(root, id)?;
+    // Found by its file already: weaker evidence (a tag, a link) is not
+    // looked at, as `find_bound` would not have looked at it either.
+    if found_by.is_some() && by != "backing-file" {
+        devices.clear();
+    }
     for (number, status) in &devices {
         if really {
             detach_device(*number, status.backing())?;
@@ -69,14 +89,50 @@ fn release(root: &SystemRoot, id: &VolumeId, really: bool) -> Result<DetachRepor
             // The refusal a real detach would meet; closed again at once.
             open_to_detach(*number)?;
         }
+        if !numbers.contains(number) {
+            numbers.push(*number);
+        }
     }
-    let numbers: Vec<u32> = devices.iter().map(|(number, _)| *number).collect();
-    Ok(DetachReport {
+    if !devices.is_empty() {
+        found_by = found_by.or(Some(by));
+    }
+    Ok(report(id, numbers, found_by))
+}
+
+fn report(id: &VolumeId, numbers: Vec<u32>, found_by: Option<&'static str>) -> DetachReport {
+    DetachReport {
         changed: !numbers.is_empty(),
         uuid: id.to_string(),
         devices: numbers.iter().map(|&n| LoopDevice::path_of(n)).collect(),
-        found_by: (!numbers.is_empty()).then_some(found_by),
-    })
+        found_by,
+    }
+}
+
+/// The device attach noted for the volume (`device_note`), if it still
+/// holds one of the volume's candidate backing files and carries no other
+/// volume's tag, with its status and that file opened read-only: the
+/// evidence `find_bound` would have found it by, without asking every
+/// device. The device itself is closed again, as a detach needs.
+fn noted_device(root: &SystemRoot, id: &VolumeId) -> Option<(u32, LoopStatus, std::fs::File)> {
+    let number = device_note::recorded(root, id)?;
+    let status = LoopDevice::open(number, false).ok()?.status().ok()??;
+    if tagged_for_another(&status, id) {
+        return None;
+    }
+    candidate_backing_files(root, id)
+        .into_iter()
+        .find_map(|path| {
+            let file = open_without_hanging(&path, true).ok()?;
+            let meta = file.metadata().ok()?;
+            (meta.file_type().is_file() && status.is_backed_by(meta.dev(), meta.ino()))
+                .then(|| (number, status.clone(), file))
+        })
+}
+
+/// A registry file may (wrongly) name another volume's backing file: a
+/// device that another volume tagged as its own is never this one's.
+fn tagged_for_another(status: &LoopStatus, id: &VolumeId) -> bool {
+    VolumeId::from_loop_reference(&status.reference).is_some_and(|other| &other != id)
 }
 
 /// Where the backing file may be: the registry's path if the entry still
@@ -113,11 +169,6 @@ fn find_bound(root: &SystemRoot, id: &VolumeId) -> Result<(Vec<(u32, LoopStatus)
             .collect()
     };
 
-    // A registry file may (wrongly) name another volume's backing file: a
-    // device that another volume tagged as its own is never this one's.
-    let tagged_for_another = |status: &LoopStatus| {
-        VolumeId::from_loop_reference(&status.reference).is_some_and(|other| &other != id)
-    };
     let mut by_file = Vec::new();
     for path in candidate_backing_files(root, id) {
         if let Ok(meta) = std::fs::metadata(&path) {
@@ -125,7 +176,7 @@ fn find_bound(root: &SystemRoot, id: &VolumeId) -> Result<(Vec<(u32, LoopStatus)
                 statuses
                     .iter()
                     .filter(|(_, s)| {
-                        s.is_backed_by(meta.dev(), meta.ino()) && !tagged_for_another(s)
+                        s.is_backed_by(meta.dev(), meta.ino()) && !tagged_for_another(s, id)
                     })
                     .map(|(n, _)| *n),
             );

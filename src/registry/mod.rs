@@ -337,7 +337,13 @@ impl Registry {
     /// resize, deleting its file). Lock order: [`Registry::lock`] first,
     /// then this, never the other way round.
     pub fn volume_lock(root: &SystemRoot, id: &VolumeId) -> Result<ExclusiveLock> {
-        ExclusiveLock::acquire(&root.run_dir().join(format!("{id}.lock")))
+        ExclusiveLock::acquire(&Self::volume_lock_path(root, id))
+    }
+
+    /// The file [`Registry::volume_lock`] locks; it also holds the
+    /// volume's `device_note`.
+    pub fn volume_lock_path(root: &SystemRoot, id: &VolumeId) -> PathBuf {
+        root.run_dir().join(format!("{id}.lock"))
     }
 }
 
