@@ -596,7 +596,7 @@ impl Drop for Crowd {
 #[test]
 fn attach_asks_no_other_device_when_nothing_else_holds_the_file() {
     let fx = Fixture::new();
-    let crowd = Crowd::bind(&fx, 24);
+    let crowd = Crowd::bind(&fx, 48);
     let uuid = new_uuid();
     let file = fx.make_ext4(&uuid);
     fx.register(&uuid, "filesystem", "");

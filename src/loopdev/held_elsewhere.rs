@@ -4,13 +4,23 @@
 //! devices bound, most of an attach).
 //!
 //! A loop device keeps its backing file open for as long as it is bound,
-//! and the kernel grants a write lease only on a file that no other open
-//! file description has open for reading or writing (counted per inode, so
-//! hard links, bind mounts and other mount namespaces are all seen). A
-//! lease granted means no loop device holds the file; the lease is dropped
-//! at once, before anything else happens. A refusal proves nothing (a
-//! reader, a file system without leases, `fs.leases-enable = 0`): the
-//! caller then looks at every device as before.
+//! and the kernel grants a write lease only on a file whose inode no other
+//! open file description has open for reading or writing (so hard links,
+//! bind mounts and other mount namespaces are all seen). A lease granted
+//! means no loop device holds the file; the lease is dropped at once,
+//! before anything else happens. A refusal proves nothing (a reader, a file
+//! system without leases, `fs.leases-enable = 0`): the caller then looks at
+//! every device as before.
+//!
+//! The lease counts the opens of one in-memory inode, while devices are
+//! matched by the (device, inode number) they report. Only on file systems
+//! that keep one in-memory inode per inode number are the two the same:
+//! FUSE and overlayfs can show two hard links as two inodes with one
+//! number, a device bound through the other one unseen by the lease. There
+//! the question is not asked. Nor does a lease see a device bound through
+//! a descriptor opened with access mode 3 (neither read nor write, which
+//! `LOOP_CONFIGURE` takes as read-only): no tool binds that way, and the
+//! devices are asked whenever the file is opened the usual way.
 
 use std::fs::File;
 use std::os::fd::AsRawFd;
@@ -18,12 +28,20 @@ use std::os::fd::AsRawFd;
 use anyhow::{bail, Result};
 
 use nix::sys::signal::{sigaction, SaFlags, SigAction, SigHandler, SigSet, Signal};
+use nix::sys::statfs::{
+    fstatfs, FsType, BTRFS_SUPER_MAGIC, EXT4_SUPER_MAGIC, TMPFS_MAGIC, XFS_SUPER_MAGIC,
+};
 
 /// True only when the kernel says no other open file description holds
-/// `file` (which must be the caller's only descriptor of it). An error
+/// `file` (which must be the caller's only descriptor of it). Changes the
+/// process's SIGIO disposition for the two calls: for a caller with no
+/// other thread that could start a program meanwhile. An error
 /// when the lease could not be dropped again: `file` must not go on to a
 /// loop device with it, as every later open of the file would stall.
 pub fn held_by_us_alone(file: &File) -> Result<bool> {
+    if !one_inode_per_number(file) {
+        return Ok(false);
+    }
     // Someone opening the file while we hold the lease makes the kernel
     // signal us (SIGIO, whose default action ends the process) and wait
     // until we let go, which is at once. The signal is ignored meanwhile.
@@ -54,13 +72,26 @@ pub fn held_by_us_alone(file: &File) -> Result<bool> {
     Ok(granted)
 }
 
+/// Whether `file` lives on a file system known to keep one in-memory
+/// inode per inode number (see the module's comment).
+fn one_inode_per_number(file: &File) -> bool {
+    const TRUSTED: [FsType; 4] = [
+        EXT4_SUPER_MAGIC,
+        XFS_SUPER_MAGIC,
+        BTRFS_SUPER_MAGIC,
+        TMPFS_MAGIC,
+    ];
+    fstatfs(file).is_ok_and(|fs| TRUSTED.contains(&fs.filesystem_type()))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
     fn a_second_open_of_the_file_is_seen_and_none_left_is_not() {
-        let file = tempfile::NamedTempFile::new().expect("a temporary file");
+        // tmpfs, where the lease is asked (TMPDIR may be on any file system).
+        let file = tempfile::NamedTempFile::new_in("/dev/shm").expect("a temporary file");
         let ours = std::fs::OpenOptions::new()
             .read(true)
             .write(true)
@@ -78,5 +109,40 @@ mod tests {
         drop(reader);
         assert!(held_by_us_alone(&ours).expect("lease dropped"));
         std::fs::remove_file(path).expect("removed");
+    }
+
+    /// overlayfs can give one inode number two in-memory inodes (hard
+    /// links of a lower layer), so the lease is not asked there. Needs
+    /// root, as the whole suite does.
+    #[test]
+    fn an_overlayfs_file_is_never_called_unheld() {
+        let dir = tempfile::tempdir().expect("a directory");
+        let [lower, upper, work, merged] =
+            ["lower", "upper", "work", "merged"].map(|name| dir.path().join(name));
+        for directory in [&lower, &upper, &work, &merged] {
+            std::fs::create_dir(directory).expect("made");
+        }
+        std::fs::write(lower.join("volume"), b"data").expect("written");
+        let options = format!(
+            "lowerdir={},upperdir={},workdir={}",
+            lower.display(),
+            upper.display(),
+            work.display()
+        );
+        nix::mount::mount(
+            Some("overlay"),
+            &merged,
+            Some("overlay"),
+            nix::mount::MsFlags::empty(),
+            Some(options.as_str()),
+        )
+        .expect("an overlayfs mount (root, overlay module)");
+        let alone = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(merged.join("volume"))
+            .map(|file| held_by_us_alone(&file));
+        nix::mount::umount(&merged).expect("unmounted");
+        assert!(!alone.expect("opened").expect("lease dropped"));
     }
 }

@@ -122,6 +122,12 @@ fn noted_device(root: &SystemRoot, id: &VolumeId) -> Option<(u32, LoopStatus, st
     candidate_backing_files(root, id)
         .into_iter()
         .find_map(|path| {
+            // Only a regular file is opened: never a FIFO or a device node
+            // planted in a storage root (`find_bound` only looks at them).
+            let planted = std::fs::symlink_metadata(&path).ok()?;
+            if !planted.file_type().is_file() {
+                return None;
+            }
             let file = open_without_hanging(&path, true).ok()?;
             let meta = file.metadata().ok()?;
             (meta.file_type().is_file() && status.is_backed_by(meta.dev(), meta.ino()))
