@@ -703,3 +703,36 @@ fn detach_leaves_alone_a_noted_device_now_bound_to_another_file() {
     assert!(loops_of(&file).is_empty());
     tool("losetup", &["-d", &device]);
 }
+
+#[test]
+fn detach_releases_a_copy_in_another_storage_root_beside_the_noted_device() {
+    let fx = Fixture::new();
+    fs::create_dir_all(fx.host("/srv/second")).unwrap();
+    fs::write(
+        fx.host("/etc/sparse-volume/config.toml"),
+        "storage_roots = [\"/var/lib/sparse-volume\", \"/srv/second\"]\n",
+    )
+    .unwrap();
+    let (uuid, file, device) = attached_ext4(&fx);
+    // A copy of the volume's file where `find_bound` also looks (the
+    // default name in another storage root), attached by hand.
+    let copy = fx.host(&format!("/srv/second/{uuid}"));
+    fs::copy(&file, &copy).unwrap();
+    let second = tool("losetup", &["--find", "--show", copy.to_str().unwrap()])
+        .trim()
+        .to_string();
+
+    let detached = fx.run_ok(&["detach", &uuid, "--json"]).json();
+    let mut devices: Vec<String> = detached["devices"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| d.as_str().unwrap().to_string())
+        .collect();
+    devices.sort();
+    let mut expected = vec![device, second];
+    expected.sort();
+    assert_eq!(devices, expected, "{detached}");
+    assert!(loops_of(&file).is_empty());
+    assert!(loops_of(&copy).is_empty());
+}

@@ -66,12 +66,13 @@ fn release(root: &SystemRoot, id: &VolumeId, really: bool) -> Result<DetachRepor
     let mut numbers = Vec::new();
     let mut found_by = None;
     if really {
-        if let Some((number, status, backing)) = noted_device(root, id) {
+        if let Some((number, status)) = noted_device(root, id) {
             detach_device(number, status.backing())?;
             numbers.push(number);
             found_by = Some("backing-file");
-            // The usual case ends here: no second device holds the file.
-            if loopdev::held_by_us_alone(&backing)? {
+            // The usual case ends here: no other device holds any file
+            // `find_bound` would look for.
+            if candidate_files_held_by_nothing(root, id)? {
                 return Ok(report(id, numbers, found_by));
             }
         }
@@ -108,31 +109,44 @@ fn report(id: &VolumeId, numbers: Vec<u32>, found_by: Option<&'static str>) -> D
     }
 }
 
-/// The device attach noted for the volume (`device_note`), if it still
-/// holds one of the volume's candidate backing files and carries no other
-/// volume's tag, with its status and that file opened read-only: the
-/// evidence `find_bound` would have found it by, without asking every
-/// device. The device itself is closed again, as a detach needs.
-fn noted_device(root: &SystemRoot, id: &VolumeId) -> Option<(u32, LoopStatus, std::fs::File)> {
+/// The device attach noted for the volume (`device_note`), with its
+/// status, if it still holds one of the volume's candidate backing files
+/// and carries no other volume's tag: the evidence `find_bound` would have
+/// found it by, without asking every device. The device is closed again,
+/// as a detach needs.
+fn noted_device(root: &SystemRoot, id: &VolumeId) -> Option<(u32, LoopStatus)> {
     let number = device_note::recorded(root, id)?;
     let status = LoopDevice::open(number, false).ok()?.status().ok()??;
     if tagged_for_another(&status, id) {
         return None;
     }
     candidate_backing_files(root, id)
-        .into_iter()
-        .find_map(|path| {
-            // Only a regular file is opened: never a FIFO or a device node
-            // planted in a storage root (`find_bound` only looks at them).
-            let planted = std::fs::symlink_metadata(&path).ok()?;
-            if !planted.file_type().is_file() {
-                return None;
-            }
-            let file = open_without_hanging(&path, true).ok()?;
-            let meta = file.metadata().ok()?;
-            (meta.file_type().is_file() && status.is_backed_by(meta.dev(), meta.ino()))
-                .then(|| (number, status.clone(), file))
-        })
+        .iter()
+        .filter_map(|path| std::fs::metadata(path).ok())
+        .any(|meta| status.is_backed_by(meta.dev(), meta.ino()))
+        .then_some((number, status))
+}
+
+/// True when the kernel says nothing holds any of the volume's candidate
+/// backing files open (see `loopdev::held_by_us_alone`), so no device does.
+/// Each is opened on its own, read-only, and only if it is a regular file
+/// (never a FIFO or a device node planted in a storage root).
+fn candidate_files_held_by_nothing(root: &SystemRoot, id: &VolumeId) -> Result<bool> {
+    for path in candidate_backing_files(root, id) {
+        let Ok(found) = std::fs::symlink_metadata(&path) else {
+            continue;
+        };
+        if !found.file_type().is_file() {
+            return Ok(false);
+        }
+        let Ok(file) = open_without_hanging(&path, true) else {
+            return Ok(false);
+        };
+        if !loopdev::held_by_us_alone(&file)? {
+            return Ok(false);
+        }
+    }
+    Ok(true)
 }
 
 /// A registry file may (wrongly) name another volume's backing file: a
