@@ -658,6 +658,23 @@ fn attach_finds_a_device_bound_by_hand_through_a_hard_link() {
     }
 }
 
+/// The devices a detach report lists, sorted.
+fn released(report: &serde_json::Value) -> Vec<String> {
+    sorted(
+        report["devices"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|d| d.as_str().unwrap().to_string())
+            .collect(),
+    )
+}
+
+fn sorted(mut devices: Vec<String>) -> Vec<String> {
+    devices.sort();
+    devices
+}
+
 #[test]
 fn detach_releases_a_second_device_bound_beside_the_noted_one() {
     let fx = Fixture::new();
@@ -669,16 +686,11 @@ fn detach_releases_a_second_device_bound_beside_the_noted_one() {
         .to_string();
 
     let detached = fx.run_ok(&["detach", &uuid, "--json"]).json();
-    let mut devices: Vec<String> = detached["devices"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|d| d.as_str().unwrap().to_string())
-        .collect();
-    devices.sort();
-    let mut expected = vec![device, second];
-    expected.sort();
-    assert_eq!(devices, expected);
+    assert_eq!(
+        released(&detached),
+        sorted(vec![device, second]),
+        "{detached}"
+    );
     assert_eq!(detached["found_by"], "backing-file");
     assert!(loops_of(&file).is_empty());
 }
@@ -723,16 +735,11 @@ fn detach_releases_a_copy_in_another_storage_root_beside_the_noted_device() {
         .to_string();
 
     let detached = fx.run_ok(&["detach", &uuid, "--json"]).json();
-    let mut devices: Vec<String> = detached["devices"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|d| d.as_str().unwrap().to_string())
-        .collect();
-    devices.sort();
-    let mut expected = vec![device, second];
-    expected.sort();
-    assert_eq!(devices, expected, "{detached}");
+    assert_eq!(
+        released(&detached),
+        sorted(vec![device, second]),
+        "{detached}"
+    );
     assert!(loops_of(&file).is_empty());
     assert!(loops_of(&copy).is_empty());
 }
