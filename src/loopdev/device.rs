@@ -431,7 +431,12 @@ pub fn devices_holding(backing: &File) -> Result<Vec<(u32, LoopStatus)>> {
     if held_elsewhere::held_by_us_alone(backing)? {
         return Ok(Vec::new());
     }
-    let meta = backing.metadata().context("inspecting the backing file")?;
+    statuses_backed_by(&backing.metadata().context("inspecting the backing file")?)
+}
+
+/// The bound devices, with their status, whose backing file has `meta`'s
+/// device and inode.
+fn statuses_backed_by(meta: &std::fs::Metadata) -> Result<Vec<(u32, LoopStatus)>> {
     Ok(bound_statuses()?
         .into_iter()
         .filter(|(_, status)| status.is_backed_by(meta.dev(), meta.ino()))
@@ -442,9 +447,8 @@ pub fn devices_holding(backing: &File) -> Result<Vec<(u32, LoopStatus)>> {
 /// never by path, which can be renamed or re-created).
 pub fn devices_backed_by(path: &Path) -> Result<Vec<u32>> {
     let meta = std::fs::metadata(path).with_context(|| format!("inspecting {}", path.display()))?;
-    Ok(bound_statuses()?
+    Ok(statuses_backed_by(&meta)?
         .into_iter()
-        .filter(|(_, status)| status.is_backed_by(meta.dev(), meta.ino()))
         .map(|(number, _)| number)
         .collect())
 }

@@ -66,13 +66,15 @@ fn release(root: &SystemRoot, id: &VolumeId, really: bool) -> Result<DetachRepor
     let mut numbers = Vec::new();
     let mut found_by = None;
     if really {
-        if let Some((number, status)) = noted_device(root, id) {
+        // Read once: the registry entry names one of them.
+        let candidates = candidate_backing_files(root, id);
+        if let Some((number, status)) = noted_device(root, id, &candidates) {
             detach_device(number, status.backing())?;
             numbers.push(number);
             found_by = Some("backing-file");
             // The usual case ends here: no other device holds any file
             // `find_bound` would look for.
-            if candidate_files_held_by_nothing(root, id)? {
+            if candidate_files_held_by_nothing(&candidates)? {
                 return Ok(report(id, numbers, found_by));
             }
         }
@@ -114,13 +116,17 @@ fn report(id: &VolumeId, numbers: Vec<u32>, found_by: Option<&'static str>) -> D
 /// and carries no other volume's tag: the evidence `find_bound` would have
 /// found it by, without asking every device. The device is closed again,
 /// as a detach needs.
-fn noted_device(root: &SystemRoot, id: &VolumeId) -> Option<(u32, LoopStatus)> {
+fn noted_device(
+    root: &SystemRoot,
+    id: &VolumeId,
+    candidates: &[PathBuf],
+) -> Option<(u32, LoopStatus)> {
     let number = device_note::recorded(root, id)?;
     let status = LoopDevice::open(number, false).ok()?.status().ok()??;
     if tagged_for_another(&status, id) {
         return None;
     }
-    candidate_backing_files(root, id)
+    candidates
         .iter()
         .filter_map(|path| std::fs::metadata(path).ok())
         .any(|meta| status.is_backed_by(meta.dev(), meta.ino()))
@@ -131,15 +137,15 @@ fn noted_device(root: &SystemRoot, id: &VolumeId) -> Option<(u32, LoopStatus)> {
 /// backing files open (see `loopdev::held_by_us_alone`), so no device does.
 /// Each is opened on its own, read-only, and only if it is a regular file
 /// (never a FIFO or a device node planted in a storage root).
-fn candidate_files_held_by_nothing(root: &SystemRoot, id: &VolumeId) -> Result<bool> {
-    for path in candidate_backing_files(root, id) {
-        let Ok(found) = std::fs::symlink_metadata(&path) else {
+fn candidate_files_held_by_nothing(candidates: &[PathBuf]) -> Result<bool> {
+    for path in candidates {
+        let Ok(found) = std::fs::symlink_metadata(path) else {
             continue;
         };
         if !found.file_type().is_file() {
             return Ok(false);
         }
-        let Ok(file) = open_without_hanging(&path, true) else {
+        let Ok(file) = open_without_hanging(path, true) else {
             return Ok(false);
         };
         if !loopdev::held_by_us_alone(&file)? {
