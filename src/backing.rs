@@ -40,7 +40,8 @@ pub fn open_backing_file(path: &Path, read_only: bool) -> Result<File> {
 /// millisecond apart.
 const LEASE_BREAK_RETRIES: u32 = 200;
 
-/// O_NONBLOCK, so that a FIFO planted at the path cannot hang us. On a
+/// O_NONBLOCK, so that a FIFO planted at the path cannot hang us (and
+/// O_NOCTTY, so that a terminal planted there cannot become ours). On a
 /// regular file it has one other effect: while another process holds a
 /// lease on the file, the open fails with `EWOULDBLOCK` instead of waiting
 /// for the lease to go. Attach holds one for two system calls (see
@@ -51,7 +52,7 @@ pub fn open_without_hanging(path: &Path, read_only: bool) -> std::io::Result<Fil
         let opened = OpenOptions::new()
             .read(true)
             .write(!read_only)
-            .custom_flags(libc::O_CLOEXEC | libc::O_NOFOLLOW | libc::O_NONBLOCK)
+            .custom_flags(libc::O_CLOEXEC | libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_NOCTTY)
             .open(path);
         match opened {
             Err(error)

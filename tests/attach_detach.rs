@@ -743,3 +743,63 @@ fn detach_releases_a_copy_in_another_storage_root_beside_the_noted_device() {
     assert!(loops_of(&file).is_empty());
     assert!(loops_of(&copy).is_empty());
 }
+
+/// Waits until the process has stopped itself (`SPARSE_VOLUME_STOP_AT`).
+fn wait_until_stopped(child: &std::process::Child) {
+    let stat = format!("/proc/{}/stat", child.id());
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    loop {
+        let text = fs::read_to_string(&stat).unwrap_or_default();
+        // The state follows the command name in parentheses.
+        let state = text.rsplit_once(") ").map(|(_, rest)| rest.chars().next());
+        if state == Some(Some('T')) {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the process never reached its stop point: {text}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+}
+
+/// The backing file renamed while detach releases the noted device: the
+/// second device on the same file must still be found (by the file detach
+/// looked at before the release, not by a path looked up again after it).
+#[test]
+fn detach_releases_a_second_device_when_the_file_is_renamed_meanwhile() {
+    let fx = Fixture::new();
+    let (uuid, file, device) = attached_ext4(&fx);
+    let second = tool(
+        "losetup",
+        &["--find", "--show", "-r", file.to_str().unwrap()],
+    )
+    .trim()
+    .to_string();
+    let child = fx
+        .command(&["detach", &uuid, "--json"])
+        .env("SPARSE_VOLUME_STOP_AT", "detach:after-noted-release")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("starting detach");
+    wait_until_stopped(&child);
+    let moved = file.with_file_name("renamed-meanwhile");
+    fs::rename(&file, &moved).unwrap();
+    let pid = nix::unistd::Pid::from_raw(child.id() as i32);
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGCONT).expect("SIGCONT");
+    let output = child.wait_with_output().expect("reaping detach");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "{stdout} {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let left = loops_of(&moved);
+    for device in &left {
+        tool("losetup", &["-d", device]);
+    }
+    assert!(left.is_empty(), "{left:?} left bound; detach said {stdout}");
+    let detached: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    assert_eq!(released(&detached), sorted(vec![device, second]));
+}

@@ -1,6 +1,7 @@
 //! `sparse-volume detach U`: the unit's ExecStop. Works without the
 //! registry, so a volume can be torn down after its configuration is gone.
 
+use std::fs::File;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -65,21 +66,25 @@ pub fn detach_locked(root: &SystemRoot, id: &VolumeId) -> Result<DetachReport> {
 fn release(root: &SystemRoot, id: &VolumeId, really: bool) -> Result<DetachReport> {
     let mut numbers = Vec::new();
     let mut found_by = None;
+    // The noted device's file, by (device, inode): also looked for below,
+    // where a rename meanwhile would hide it from a lookup by path.
+    let mut known_file = None;
     if really {
         // Read once: the registry entry names one of them.
         let candidates = candidate_backing_files(root, id);
-        if let Some((number, status)) = noted_device(root, id, &candidates) {
-            detach_device(number, status.backing())?;
-            numbers.push(number);
+        if let Some(noted) = noted_device(root, id, &candidates) {
+            detach_device(noted.number, noted.status.backing())?;
+            crate::crashpoint::stop_here("detach:after-noted-release");
+            numbers.push(noted.number);
             found_by = Some("backing-file");
-            // The usual case ends here: no other device holds any file
-            // `find_bound` would look for.
-            if candidate_files_held_by_nothing(&candidates)? {
+            known_file = Some(noted.status.backing());
+            // The usual case ends here: no other device holds the file.
+            if noted.file_held_by_nothing() {
                 return Ok(report(id, numbers, found_by));
             }
         }
     }
-    let (mut devices, by) = find_bound(root, id)?;
+    let (mut devices, by) = find_bound(root, id, known_file)?;
     // Found by its file already: weaker evidence (a tag, a link) is not
     // looked at, as `find_bound` would not have looked at it either.
     if found_by.is_some() && by != "backing-file" {
@@ -111,48 +116,66 @@ fn report(id: &VolumeId, numbers: Vec<u32>, found_by: Option<&'static str>) -> D
     }
 }
 
-/// The device attach noted for the volume (`device_note`), with its
-/// status, if it still holds one of the volume's candidate backing files
-/// and carries no other volume's tag: the evidence `find_bound` would have
-/// found it by, without asking every device. The device is closed again,
-/// as a detach needs.
-fn noted_device(
-    root: &SystemRoot,
-    id: &VolumeId,
-    candidates: &[PathBuf],
-) -> Option<(u32, LoopStatus)> {
+/// The device attach noted for the volume (`device_note`), and its
+/// backing file, opened before the device is released.
+struct NotedDevice {
+    number: u32,
+    status: LoopStatus,
+    file: File,
+}
+
+impl NotedDevice {
+    /// True when the kernel says nothing holds the file open any more
+    /// (see `loopdev::held_by_us_alone`), so no other device does. Asked
+    /// through the descriptor opened before the release: a rename
+    /// meanwhile cannot point the question at another file. A failure to
+    /// ask is no answer (the caller looks at every device).
+    fn file_held_by_nothing(self) -> bool {
+        loopdev::held_by_us_alone(&self.file).unwrap_or_else(|error| {
+            tracing::warn!("{error:#}; looking at every loop device instead");
+            false
+        })
+    }
+}
+
+/// The device attach noted for the volume, with its status, when it is
+/// the only place the volume's file can be: it still holds a candidate
+/// backing file, carries no other volume's tag, and no other candidate
+/// path names another file (a copy in another storage root, which another
+/// device may hold: then every device is asked, as `find_bound` would).
+/// The candidates are only looked up (`lstat`), never opened, except the
+/// noted one: a storage root on a dead NFS server or FUSE daemon costs no
+/// more than the full scan's own lookups. The device is closed again, as
+/// a detach needs.
+fn noted_device(root: &SystemRoot, id: &VolumeId, candidates: &[PathBuf]) -> Option<NotedDevice> {
     let number = device_note::recorded(root, id)?;
     let status = LoopDevice::open(number, false).ok()?.status().ok()??;
     if tagged_for_another(&status, id) {
         return None;
     }
-    candidates
-        .iter()
-        .filter_map(|path| std::fs::metadata(path).ok())
-        .any(|meta| status.is_backed_by(meta.dev(), meta.ino()))
-        .then_some((number, status))
-}
-
-/// True when the kernel says nothing holds any of the volume's candidate
-/// backing files open (see `loopdev::held_by_us_alone`), so no device does.
-/// Each is opened on its own, read-only, and only if it is a regular file
-/// (never a FIFO or a device node planted in a storage root).
-fn candidate_files_held_by_nothing(candidates: &[PathBuf]) -> Result<bool> {
+    let mut noted_path = None;
     for path in candidates {
-        let Ok(found) = std::fs::symlink_metadata(path) else {
-            continue;
-        };
-        if !found.file_type().is_file() {
-            return Ok(false);
-        }
-        let Ok(file) = open_without_hanging(path, true) else {
-            return Ok(false);
-        };
-        if !loopdev::held_by_us_alone(&file)? {
-            return Ok(false);
+        match std::fs::symlink_metadata(path) {
+            Ok(meta)
+                if meta.file_type().is_file() && status.is_backed_by(meta.dev(), meta.ino()) =>
+            {
+                noted_path = Some(path);
+            }
+            // Something else is there: let the full scan judge it.
+            Ok(_) => return None,
+            Err(e) if matches!(e.raw_os_error(), Some(libc::ENOENT | libc::ENOTDIR)) => {}
+            Err(_) => return None,
         }
     }
-    Ok(true)
+    let file = open_without_hanging(noted_path?, true).ok()?;
+    let meta = file.metadata().ok()?;
+    (meta.file_type().is_file() && status.is_backed_by(meta.dev(), meta.ino())).then_some(
+        NotedDevice {
+            number,
+            status,
+            file,
+        },
+    )
 }
 
 /// A registry file may (wrongly) name another volume's backing file: a
@@ -177,15 +200,21 @@ fn candidate_backing_files(root: &SystemRoot, id: &VolumeId) -> Vec<PathBuf> {
 
 /// The devices of this volume, by the most reliable evidence available.
 pub fn find_devices(root: &SystemRoot, id: &VolumeId) -> Result<(Vec<u32>, &'static str)> {
-    let (devices, found_by) = find_bound(root, id)?;
+    let (devices, found_by) = find_bound(root, id, None)?;
     Ok((
         devices.into_iter().map(|(number, _)| number).collect(),
         found_by,
     ))
 }
 
-/// [`find_devices`], with what each device was bound to when found.
-fn find_bound(root: &SystemRoot, id: &VolumeId) -> Result<(Vec<(u32, LoopStatus)>, &'static str)> {
+/// [`find_devices`], with what each device was bound to when found;
+/// `known_file` is one more backing file, by (device, inode), to look for
+/// beside those found by path.
+fn find_bound(
+    root: &SystemRoot,
+    id: &VolumeId,
+    known_file: Option<(u64, u64)>,
+) -> Result<(Vec<(u32, LoopStatus)>, &'static str)> {
     let statuses = loopdev::bound_statuses()?;
     let with_status = |numbers: Vec<u32>| -> Vec<(u32, LoopStatus)> {
         statuses
@@ -195,18 +224,20 @@ fn find_bound(root: &SystemRoot, id: &VolumeId) -> Result<(Vec<(u32, LoopStatus)
             .collect()
     };
 
+    let files: Vec<(u64, u64)> = candidate_backing_files(root, id)
+        .iter()
+        .filter_map(|path| std::fs::metadata(path).ok())
+        .map(|meta| (meta.dev(), meta.ino()))
+        .chain(known_file)
+        .collect();
     let mut by_file = Vec::new();
-    for path in candidate_backing_files(root, id) {
-        if let Ok(meta) = std::fs::metadata(&path) {
-            by_file.extend(
-                statuses
-                    .iter()
-                    .filter(|(_, s)| {
-                        s.is_backed_by(meta.dev(), meta.ino()) && !tagged_for_another(s, id)
-                    })
-                    .map(|(n, _)| *n),
-            );
-        }
+    for (dev, ino) in files {
+        by_file.extend(
+            statuses
+                .iter()
+                .filter(|(_, s)| s.is_backed_by(dev, ino) && !tagged_for_another(s, id))
+                .map(|(n, _)| *n),
+        );
     }
     by_file.sort_unstable();
     by_file.dedup();
