@@ -220,7 +220,7 @@ fn blkid_value(path: &Path, tag: &str) -> String {
 }
 
 fn recorded_mkfs_options(fx: &Fixture, uuid: &str) -> Vec<String> {
-    let entry: toml::Value = fs::read_to_string(fx.registry_file(uuid))
+    let entry: toml::Table = fs::read_to_string(fx.registry_file(uuid))
         .unwrap()
         .parse()
         .unwrap();

@@ -1,8 +1,6 @@
 //! systemd's quoting rules, for the two kinds of text the generator puts
 //! into unit names and unit files.
 
-use std::fmt::Write as _;
-
 /// `systemd-escape --path PATH`: the unit-name form of a path, as systemd
 /// itself derives `blockdev@.target` and mount unit names from device and
 /// mount paths. `path` must be normalised (no `.`, `..` or `//`), which
@@ -28,8 +26,10 @@ pub fn unit_name_path_escape(path: &str) -> String {
 }
 
 fn push_hex(out: &mut String, byte: u8) {
-    // Writing to a String cannot fail.
-    let _ = write!(out, "\\x{byte:02x}");
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    out.push_str("\\x");
+    out.push(char::from(DIGITS[usize::from(byte >> 4)]));
+    out.push(char::from(DIGITS[usize::from(byte & 0xf)]));
 }
 
 /// One path as a word of a space-separated unit file setting such as

@@ -9,41 +9,73 @@
 //! and daemon-reload.
 
 use std::collections::HashSet;
-use std::fs::{self, OpenOptions};
-use std::io::{self, Write};
-use std::os::unix::fs::symlink;
+use std::fs;
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 
 use anyhow::{Context, Result};
+use nix::errno::Errno;
+use nix::fcntl::{openat, renameat, OFlag};
+use nix::sys::stat::{mkdirat, Mode};
+use nix::unistd::{symlinkat, unlinkat, UnlinkatFlags};
 
 use crate::units::{Output, Outputs};
 
 pub fn write_all(dir: &Path, outputs: &Outputs) -> Result<()> {
+    if outputs.is_empty() {
+        return Ok(());
+    }
+    // Every call below names its path relative to the output directory, so
+    // the kernel does not walk from / down to it twice per volume.
+    fs::create_dir_all(dir).with_context(|| format!("creating directory {}", dir.display()))?;
+    let dir_handle = fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC)
+        .open(dir)
+        .with_context(|| format!("opening directory {}", dir.display()))?;
+    let at = dir_handle.as_raw_fd();
     let mut made_directories = HashSet::new();
     for (relative, output) in outputs {
-        let path = dir.join(relative);
         if let Some((parent, _)) = relative.rsplit_once('/') {
             if made_directories.insert(parent) {
-                let parent = dir.join(parent);
-                fs::create_dir_all(&parent)
-                    .with_context(|| format!("creating directory {}", parent.display()))?;
+                make_directory(at, parent).with_context(|| {
+                    format!("creating directory {}", dir.join(parent).display())
+                })?;
             }
         }
         match output {
-            Output::File(text) => {
-                write_whole(&path, text).with_context(|| format!("writing {}", path.display()))?
-            }
-            Output::Symlink(target) => make(&path, |at| symlink(target, at))
-                .with_context(|| format!("linking {} to {}", path.display(), target.display()))?,
+            Output::File(text) => write_whole(at, relative, text)
+                .with_context(|| format!("writing {}", dir.join(relative).display()))?,
+            Output::Symlink(target) => make(at, relative, |name| {
+                Ok(symlinkat(target.as_path(), Some(at), name)?)
+            })
+            .with_context(|| {
+                format!(
+                    "linking {} to {}",
+                    dir.join(relative).display(),
+                    target.display()
+                )
+            })?,
         }
     }
     Ok(())
 }
 
-/// Makes `path` with `make`, which must fail if something is already there.
-fn make(path: &Path, make: impl Fn(&Path) -> io::Result<()>) -> io::Result<()> {
-    match make(path) {
-        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => replace(path, make),
+fn make_directory(at: RawFd, relative: &str) -> io::Result<()> {
+    match mkdirat(Some(at), relative, Mode::from_bits_truncate(0o755)) {
+        // A repeated run; a file in the way fails at the first write into it.
+        Ok(()) | Err(Errno::EEXIST) => Ok(()),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Makes `relative` with `make`, which must fail if something is already
+/// there.
+fn make(at: RawFd, relative: &str, make: impl Fn(&str) -> io::Result<()>) -> io::Result<()> {
+    match make(relative) {
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => replace(at, relative, make),
         other => other,
     }
 }
@@ -51,44 +83,57 @@ fn make(path: &Path, make: impl Fn(&Path) -> io::Result<()>) -> io::Result<()> {
 /// A file appears under its name only whole: written under a temporary
 /// name, then renamed (a generator killed between its create and its
 /// write would otherwise leave an empty drop-in that systemd reads).
-fn write_whole(path: &Path, text: &str) -> io::Result<()> {
-    let temp = temporary_name(path);
-    match write_new(&temp, text) {
-        Ok(()) => fs::rename(&temp, path).inspect_err(|_| {
-            let _ = fs::remove_file(&temp);
-        }),
+fn write_whole(at: RawFd, relative: &str, text: &str) -> io::Result<()> {
+    let temp = temporary_name(relative);
+    match write_new(at, &temp, text) {
+        Ok(()) => Ok(
+            renameat(Some(at), temp.as_str(), Some(at), relative).inspect_err(|_| {
+                let _ = unlinkat(Some(at), temp.as_str(), UnlinkatFlags::NoRemoveDir);
+            })?,
+        ),
         Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
-            replace(path, |at| write_new(at, text))
+            replace(at, relative, |name| write_new(at, name, text))
         }
         Err(e) => Err(e),
     }
 }
 
-fn temporary_name(path: &Path) -> std::path::PathBuf {
-    let name = path.file_name().unwrap_or_default().to_string_lossy();
-    path.with_file_name(format!(".{name}.tmp"))
+fn temporary_name(relative: &str) -> String {
+    match relative.rsplit_once('/') {
+        Some((parent, name)) => [parent, "/.", name, ".tmp"].concat(),
+        None => [".", relative, ".tmp"].concat(),
+    }
 }
 
 /// A new file holding `text`, or none.
-fn write_new(path: &Path, text: &str) -> io::Result<()> {
-    let mut file = OpenOptions::new().write(true).create_new(true).open(path)?;
-    file.write_all(text.as_bytes()).inspect_err(|_| {
-        let _ = fs::remove_file(path);
+fn write_new(at: RawFd, relative: &str, text: &str) -> io::Result<()> {
+    let fd = openat(
+        Some(at),
+        relative,
+        OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_EXCL | OFlag::O_CLOEXEC,
+        Mode::from_bits_truncate(0o644),
+    )?;
+    // SAFETY: openat returned a new descriptor that nothing else owns.
+    let file = fs::File::from(unsafe { OwnedFd::from_raw_fd(fd) });
+    io::Write::write_all(&mut &file, text.as_bytes()).inspect_err(|_| {
+        let _ = unlinkat(Some(at), relative, UnlinkatFlags::NoRemoveDir);
     })
 }
 
-/// Makes `path` with `make` under a temporary name, then renames it over
-/// what is there.
-fn replace(path: &Path, make: impl Fn(&Path) -> io::Result<()>) -> io::Result<()> {
-    let temp = temporary_name(path);
-    match fs::remove_file(&temp) {
-        Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
-        _ => {}
+/// Makes `relative` with `make` under a temporary name, then renames it
+/// over what is there.
+fn replace(at: RawFd, relative: &str, make: impl Fn(&str) -> io::Result<()>) -> io::Result<()> {
+    let temp = temporary_name(relative);
+    match unlinkat(Some(at), temp.as_str(), UnlinkatFlags::NoRemoveDir) {
+        Ok(()) | Err(Errno::ENOENT) => {}
+        Err(e) => return Err(e.into()),
     }
     make(&temp)?;
-    fs::rename(&temp, path).inspect_err(|_| {
-        let _ = fs::remove_file(&temp);
-    })
+    Ok(
+        renameat(Some(at), temp.as_str(), Some(at), relative).inspect_err(|_| {
+            let _ = unlinkat(Some(at), temp.as_str(), UnlinkatFlags::NoRemoveDir);
+        })?,
+    )
 }
 
 #[cfg(test)]
@@ -156,5 +201,12 @@ mod tests {
         outputs.insert("x.d/y.conf".to_string(), Output::File(String::new()));
         let err = write_all(&not_a_dir, &outputs).unwrap_err();
         assert!(format!("{err:#}").contains("creating directory"), "{err:#}");
+        // A file where a drop-in directory belongs.
+        fs::remove_file(&not_a_dir).unwrap();
+        fs::create_dir(&not_a_dir).unwrap();
+        fs::write(not_a_dir.join("x.d"), "").unwrap();
+        let err = write_all(&not_a_dir, &outputs).unwrap_err();
+        assert!(format!("{err:#}").contains("writing"), "{err:#}");
+        assert_eq!(fs::read_to_string(not_a_dir.join("x.d")).unwrap(), "");
     }
 }

@@ -36,10 +36,22 @@ pub enum Output {
 /// generator's time comparing path components.
 pub type Outputs = BTreeMap<String, Output>;
 
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct Plan {
     outputs: Outputs,
     volumes: usize,
+    /// Where every volume's `.wants` link points, made once.
+    template_link: PathBuf,
+}
+
+impl Default for Plan {
+    fn default() -> Self {
+        Self {
+            outputs: Outputs::new(),
+            volumes: 0,
+            template_link: Path::new(SYSTEM_UNIT_DIR).join(UNIT_TEMPLATE),
+        }
+    }
 }
 
 impl Plan {
@@ -49,14 +61,14 @@ impl Plan {
     pub fn add_volume(&mut self, volume: &Volume) -> Result<(), String> {
         let instance = unit_name(&volume.id);
         let dropin = volume_dropin(volume)?;
+        // Wants, not Requires: stopping one volume must not stop the
+        // target and with it every consumer ordered on it.
         self.outputs.insert(
-            // Wants, not Requires: stopping one volume must not stop the
-            // target and with it every consumer ordered on it.
-            format!("{VOLUMES_TARGET}.wants/{instance}"),
-            Output::Symlink(Path::new(SYSTEM_UNIT_DIR).join(UNIT_TEMPLATE)),
+            [VOLUMES_TARGET, ".wants/", &instance].concat(),
+            Output::Symlink(self.template_link.clone()),
         );
         self.outputs.insert(
-            format!("{instance}.d/{VOLUME_DROPIN}"),
+            [&instance, ".d/", VOLUME_DROPIN].concat(),
             Output::File(dropin),
         );
         self.volumes += 1;
@@ -87,18 +99,25 @@ impl Plan {
     }
 }
 
+/// Built with `push_str`, not `format!`: this runs once per volume, and
+/// at 10,000 volumes the formatting machinery was a sixth of the run.
 fn volume_dropin(volume: &Volume) -> Result<String, String> {
-    let mut text = format!("{HEADER}\n[Unit]\n");
     let blockdev = blockdev_target(volume);
-    text.push_str(&format!("Wants={blockdev}\nBefore={blockdev}\n"));
+    let mut text = String::with_capacity(HEADER.len() + 2 * blockdev.len() + 64);
+    text.push_str(HEADER);
+    text.push_str("\n[Unit]\n");
+    for setting in ["Wants=", "Before="] {
+        text.push_str(setting);
+        text.push_str(&blockdev);
+        text.push('\n');
+    }
     if let Some(dir) = mount_dependency(&volume.path) {
         let dir = dir
             .to_str()
             .ok_or_else(|| format!("path {} is not valid UTF-8", dir.display()))?;
-        text.push_str(&format!(
-            "RequiresMountsFor={}\n",
-            unit_file_path_word(dir)?
-        ));
+        text.push_str("RequiresMountsFor=");
+        text.push_str(&unit_file_path_word(dir)?);
+        text.push('\n');
     }
     Ok(text)
 }
@@ -108,11 +127,12 @@ fn volume_dropin(volume: &Volume) -> Result<String, String> {
 /// volume before it makes them stop before the volume detaches (the way
 /// `systemd-cryptsetup@.service` relates to `blockdev@dev-mapper-*.target`).
 fn blockdev_target(volume: &Volume) -> String {
-    let link = match volume.mode {
-        Mode::Filesystem { .. } => format!("/dev/disk/by-uuid/{}", volume.id),
-        Mode::Block => format!("/dev/disk/by-partuuid/{}", volume.id),
-    };
-    format!("blockdev@{}.target", unit_name_path_escape(&link))
+    let mut link = String::from(match volume.mode {
+        Mode::Filesystem { .. } => "/dev/disk/by-uuid/",
+        Mode::Block => "/dev/disk/by-partuuid/",
+    });
+    volume.id.push_to(&mut link);
+    ["blockdev@", &unit_name_path_escape(&link), ".target"].concat()
 }
 
 /// The backing file's directory, unless the template's

@@ -39,9 +39,11 @@ pub fn from_toml<T: DeserializeOwned>(
     known_keys: &[&'static str],
 ) -> Result<(T, Vec<RegistryWarning>), RegistryError> {
     let mut ignored = Vec::new();
-    let deserializer = toml::Deserializer::new(text);
+    let to_error =
+        |e: toml::de::Error| RegistryError::at(file, text, e.span(), one_line(e.message()));
+    let deserializer = toml::Deserializer::parse(text).map_err(to_error)?;
     let value = serde_ignored::deserialize(deserializer, |path| ignored.push(path.to_string()))
-        .map_err(|e| RegistryError::at(file, text, e.span(), one_line(e.message())))?;
+        .map_err(to_error)?;
     let warnings = ignored
         .into_iter()
         .map(|key| RegistryWarning {

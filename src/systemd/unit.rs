@@ -14,7 +14,14 @@ pub const JOB_DONE: &str = "done";
 pub fn unit_name(id: &VolumeId) -> String {
     // The template constant is the single source of the unit's name.
     match UNIT_TEMPLATE.split_once('@') {
-        Some((prefix, suffix)) => format!("{prefix}@{id}{suffix}"),
+        Some((prefix, suffix)) => {
+            let mut name = String::with_capacity(UNIT_TEMPLATE.len() + 36);
+            name.push_str(prefix);
+            name.push('@');
+            id.push_to(&mut name);
+            name.push_str(suffix);
+            name
+        }
         None => unreachable!("UNIT_TEMPLATE {UNIT_TEMPLATE} is not a template unit name"),
     }
 }
