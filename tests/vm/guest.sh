@@ -904,13 +904,14 @@ prepare_boot() {
         ;;
     5)
         # The negative control (scenario.sh, SV_VM_NEGATIVE_CONTROL=1): the
-        # generator removed, and the two fstab consumers required again,
-        # giving up on their devices after 15 s instead of systemd's 90.
-        # The devices never come, so this boot must go to emergency mode.
+        # generator removed, and the two fstab consumers required (again,
+        # after boot 4; SV_VM_SCOPE=distro has no boot 4), giving up on
+        # their devices after 15 s instead of systemd's 90. The devices
+        # never come, so this boot must go to emergency mode.
         log "breaking the product on purpose: removing the generator"
         rm -f /usr/lib/systemd/system-generators/sparse-volume-generator
-        sed -i -e "s|^\(UUID=$EXT4 /srv/consumer ext4 defaults\),nofail,x-systemd.device-timeout=5s|\1,x-systemd.device-timeout=15s|" \
-            -e "s|^\(PARTUUID=$BLOCK /srv/block ext4 defaults\),nofail,x-systemd.device-timeout=5s|\1,x-systemd.device-timeout=15s|" /etc/fstab
+        sed -i -E -e "s#^(UUID=$EXT4 /srv/consumer ext4 defaults)(,nofail,x-systemd.device-timeout=5s)? #\1,x-systemd.device-timeout=15s #" \
+            -e "s#^(PARTUUID=$BLOCK /srv/block ext4 defaults)(,nofail,x-systemd.device-timeout=5s)? #\1,x-systemd.device-timeout=15s #" /etc/fstab
         [[ $(grep -c 'defaults,x-systemd.device-timeout=15s' /etc/fstab) == 2 ]] ||
             fail "prepare-boot 5: the two fstab consumers were not made required with a 15 s device timeout: $(cat /etc/fstab)"
         rm -f "$BOOT_SWITCH"
