@@ -783,6 +783,18 @@ fn detach_releases_a_second_device_when_the_file_is_renamed_meanwhile() {
         .stderr(std::process::Stdio::piped())
         .spawn()
         .expect("starting detach");
+    // A failed step below must not leave a stopped detach holding the
+    // volume lock and two devices.
+    struct KillOnPanic(u32);
+    impl Drop for KillOnPanic {
+        fn drop(&mut self) {
+            if std::thread::panicking() {
+                let pid = nix::unistd::Pid::from_raw(self.0 as i32);
+                let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL);
+            }
+        }
+    }
+    let _guard = KillOnPanic(child.id());
     wait_until_stopped(&child);
     let moved = file.with_file_name("renamed-meanwhile");
     fs::rename(&file, &moved).unwrap();

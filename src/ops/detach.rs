@@ -66,24 +66,27 @@ pub fn detach_locked(root: &SystemRoot, id: &VolumeId) -> Result<DetachReport> {
 fn release(root: &SystemRoot, id: &VolumeId, really: bool) -> Result<DetachReport> {
     let mut numbers = Vec::new();
     let mut found_by = None;
-    // The noted device's file, by (device, inode): also looked for below,
-    // where a rename meanwhile would hide it from a lookup by path.
-    let mut known_file = None;
+    // The noted device's file, kept open until the end: looked for below
+    // by (device, inode), where a rename meanwhile would hide it from a
+    // lookup by path, and an inode number freed by our close could name
+    // another file by then.
+    let mut noted = None;
     if really {
         // Read once: the registry entry names one of them.
         let candidates = candidate_backing_files(root, id);
-        if let Some(noted) = noted_device(root, id, &candidates) {
-            detach_device(noted.number, noted.status.backing())?;
+        if let Some(device) = noted_device(root, id, &candidates) {
+            detach_device(device.number, device.status.backing())?;
             crate::crashpoint::stop_here("detach:after-noted-release");
-            numbers.push(noted.number);
+            numbers.push(device.number);
             found_by = Some("backing-file");
-            known_file = Some(noted.status.backing());
             // The usual case ends here: no other device holds the file.
-            if noted.file_held_by_nothing() {
+            if device.file_held_by_nothing() {
                 return Ok(report(id, numbers, found_by));
             }
+            noted = Some(device);
         }
     }
+    let known_file = noted.as_ref().map(|device| device.status.backing());
     let (mut devices, by) = find_bound(root, id, known_file)?;
     // Found by its file already: weaker evidence (a tag, a link) is not
     // looked at, as `find_bound` would not have looked at it either.
@@ -130,7 +133,7 @@ impl NotedDevice {
     /// through the descriptor opened before the release: a rename
     /// meanwhile cannot point the question at another file. A failure to
     /// ask is no answer (the caller looks at every device).
-    fn file_held_by_nothing(self) -> bool {
+    fn file_held_by_nothing(&self) -> bool {
         loopdev::held_by_us_alone(&self.file).unwrap_or_else(|error| {
             tracing::warn!("{error:#}; looking at every loop device instead");
             false
