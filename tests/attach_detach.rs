@@ -675,15 +675,22 @@ fn sorted(mut devices: Vec<String>) -> Vec<String> {
     devices
 }
 
+/// A loop device bound to `file` by hand, as an operator would
+/// (`extra`: more losetup options, such as `-r`).
+fn bound_by_hand(file: &std::path::Path, extra: &[&str]) -> String {
+    let mut args = vec!["--find", "--show"];
+    args.extend_from_slice(extra);
+    args.push(file.to_str().unwrap());
+    tool("losetup", &args).trim().to_string()
+}
+
 #[test]
 fn detach_releases_a_second_device_bound_beside_the_noted_one() {
     let fx = Fixture::new();
     let (uuid, file, device) = attached_ext4(&fx);
     let alias = fx.root.path().join("second-name");
     fs::hard_link(&file, &alias).unwrap();
-    let second = tool("losetup", &["--find", "--show", alias.to_str().unwrap()])
-        .trim()
-        .to_string();
+    let second = bound_by_hand(&alias, &[]);
 
     let detached = fx.run_ok(&["detach", &uuid, "--json"]).json();
     assert_eq!(
@@ -730,9 +737,7 @@ fn detach_releases_a_copy_in_another_storage_root_beside_the_noted_device() {
     // default name in another storage root), attached by hand.
     let copy = fx.host(&format!("/srv/second/{uuid}"));
     fs::copy(&file, &copy).unwrap();
-    let second = tool("losetup", &["--find", "--show", copy.to_str().unwrap()])
-        .trim()
-        .to_string();
+    let second = bound_by_hand(&copy, &[]);
 
     let detached = fx.run_ok(&["detach", &uuid, "--json"]).json();
     assert_eq!(
@@ -770,12 +775,7 @@ fn wait_until_stopped(child: &std::process::Child) {
 fn detach_releases_a_second_device_when_the_file_is_renamed_meanwhile() {
     let fx = Fixture::new();
     let (uuid, file, device) = attached_ext4(&fx);
-    let second = tool(
-        "losetup",
-        &["--find", "--show", "-r", file.to_str().unwrap()],
-    )
-    .trim()
-    .to_string();
+    let second = bound_by_hand(&file, &["-r"]);
     let child = fx
         .command(&["detach", &uuid, "--json"])
         .env("SPARSE_VOLUME_STOP_AT", "detach:after-noted-release")

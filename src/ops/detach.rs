@@ -71,9 +71,10 @@ fn release(root: &SystemRoot, id: &VolumeId, really: bool) -> Result<DetachRepor
     // lookup by path, and an inode number freed by our close could name
     // another file by then.
     let mut noted = None;
+    // Read once (the registry entry names one of them), for the shortcut
+    // and the full scan alike.
+    let candidates = candidate_backing_files(root, id);
     if really {
-        // Read once: the registry entry names one of them.
-        let candidates = candidate_backing_files(root, id);
         if let Some(device) = noted_device(root, id, &candidates) {
             detach_device(device.number, device.status.backing())?;
             crate::crashpoint::stop_here("detach:after-noted-release");
@@ -87,7 +88,7 @@ fn release(root: &SystemRoot, id: &VolumeId, really: bool) -> Result<DetachRepor
         }
     }
     let known_file = noted.as_ref().map(|device| device.status.backing());
-    let (mut devices, by) = find_bound(root, id, known_file)?;
+    let (mut devices, by) = find_bound(id, &candidates, known_file)?;
     // Found by its file already: weaker evidence (a tag, a link) is not
     // looked at, as `find_bound` would not have looked at it either.
     if found_by.is_some() && by != "backing-file" {
@@ -203,19 +204,20 @@ fn candidate_backing_files(root: &SystemRoot, id: &VolumeId) -> Vec<PathBuf> {
 
 /// The devices of this volume, by the most reliable evidence available.
 pub fn find_devices(root: &SystemRoot, id: &VolumeId) -> Result<(Vec<u32>, &'static str)> {
-    let (devices, found_by) = find_bound(root, id, None)?;
+    let candidates = candidate_backing_files(root, id);
+    let (devices, found_by) = find_bound(id, &candidates, None)?;
     Ok((
         devices.into_iter().map(|(number, _)| number).collect(),
         found_by,
     ))
 }
 
-/// [`find_devices`], with what each device was bound to when found;
-/// `known_file` is one more backing file, by (device, inode), to look for
-/// beside those found by path.
+/// [`find_devices`], with what each device was bound to when found, by
+/// the `candidates` (`candidate_backing_files`); `known_file` is one more
+/// backing file, by (device, inode), to look for beside them.
 fn find_bound(
-    root: &SystemRoot,
     id: &VolumeId,
+    candidates: &[PathBuf],
     known_file: Option<(u64, u64)>,
 ) -> Result<(Vec<(u32, LoopStatus)>, &'static str)> {
     let statuses = loopdev::bound_statuses()?;
@@ -227,7 +229,7 @@ fn find_bound(
             .collect()
     };
 
-    let files: Vec<(u64, u64)> = candidate_backing_files(root, id)
+    let files: Vec<(u64, u64)> = candidates
         .iter()
         .filter_map(|path| std::fs::metadata(path).ok())
         .map(|meta| (meta.dev(), meta.ino()))
