@@ -39,8 +39,9 @@ pub fn from_toml<T: DeserializeOwned>(
     known_keys: &[&'static str],
 ) -> Result<(T, Vec<RegistryWarning>), RegistryError> {
     let mut ignored = Vec::new();
-    let to_error =
-        |e: toml::de::Error| RegistryError::at(file, text, e.span(), one_line(e.message()));
+    let to_error = |e: toml::de::Error| {
+        RegistryError::at(file, text, e.span(), one_line(&parser_message(&e, text)))
+    };
     let deserializer = toml::Deserializer::parse(text).map_err(to_error)?;
     let value = serde_ignored::deserialize(deserializer, |path| ignored.push(path.to_string()))
         .map_err(to_error)?;
@@ -54,6 +55,22 @@ pub fn from_toml<T: DeserializeOwned>(
         })
         .collect();
     Ok((value, warnings))
+}
+
+/// The parser's message, with the key named where toml 0.9 only says
+/// "duplicate key" (its span is the key: a table header's name, or the
+/// repeated key itself).
+fn parser_message(error: &toml::de::Error, text: &str) -> String {
+    let message = error.message().trim_end();
+    let key = error
+        .span()
+        .and_then(|span| text.get(span))
+        .map(str::trim)
+        .filter(|key| !key.is_empty() && !key.contains('\n'));
+    match key {
+        Some(key) if message == "duplicate key" => format!("duplicate key `{key}`"),
+        _ => message.to_string(),
+    }
 }
 
 /// A parser message as one line: some span several ("invalid array" /
