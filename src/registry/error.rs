@@ -42,17 +42,6 @@ impl RegistryError {
         let line = span.map(|s| line_of(text, s.start));
         Self::new(file, line, reason)
     }
-
-    pub fn from_toml(file: &Path, text: &str, error: &toml::de::Error) -> Self {
-        // toml's own Display repeats the source line with a caret; one
-        // sentence is what an operator reading the journal needs.
-        Self::at(
-            file,
-            text,
-            error.span(),
-            error.message().trim_end().to_string(),
-        )
-    }
 }
 
 fn line_of(text: &str, offset: usize) -> usize {

@@ -57,9 +57,10 @@ pub fn from_toml<T: DeserializeOwned>(
     Ok((value, warnings))
 }
 
-/// The parser's message, with the key named where toml 0.9 only says
-/// "duplicate key" (its span is the key: a table header's name, or the
-/// repeated key itself).
+/// The parser's message (not its Display, which repeats the source line
+/// with a caret: one sentence is what an operator reading the journal
+/// needs), with the key named where toml 0.9 only says "duplicate key"
+/// (its span is the key: a table header's name, or the repeated key).
 fn parser_message(error: &toml::de::Error, text: &str) -> String {
     let message = error.message().trim_end();
     let key = error
