@@ -1,30 +1,24 @@
 //! sparse-volume: persistent loop-device volumes on sparse files.
+//!
+//! The crate is built in layers, each a folder whose name says its job. A
+//! layer uses the layers below it and never one above it
+//! (`tests/layering.rs` holds the rule; `docs/design/ARCHITECTURE.md` is
+//! the map).
+#![deny(unsafe_code)]
 
-pub mod backing;
-pub mod capacity;
+/// The layers from the bottom up: a module may use its own layer and the
+/// ones before it in this list, never one after it.
+pub const LAYERS: &[&str] = &[
+    "hooks", "kernel", "volume", "registry", "systemd", "engine", "commands", "cli",
+];
+
+#[cfg(feature = "cli")]
 pub mod cli;
-pub mod crashpoint;
-pub mod creating_mark;
-pub mod device_note;
-pub mod extents;
-pub mod faultpoint;
-pub mod fsutil;
-pub mod growing_mark;
-pub mod inuse;
-pub mod kernel_cmdline;
-pub mod logging;
-pub mod loopdev;
-pub mod mkfs;
-pub mod ops;
-pub mod partition_table;
-pub mod paths;
-pub mod private_mount;
-pub mod probe;
+pub mod commands;
+pub mod engine;
+pub mod hooks;
+pub mod kernel;
 pub mod registry;
-pub mod size;
 /// The zbus client inside is behind the `dbus` feature (see the module).
 pub mod systemd;
-pub mod termination;
-pub mod udev;
-pub mod volume_id;
-pub mod volume_ref;
+pub mod volume;

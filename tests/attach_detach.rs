@@ -778,7 +778,10 @@ fn detach_releases_a_second_device_when_the_file_is_renamed_meanwhile() {
     let second = bound_by_hand(&file, &["-r"]);
     let child = fx
         .command(&["detach", &uuid, "--json"])
-        .env("SPARSE_VOLUME_STOP_AT", "detach:after-noted-release")
+        .env(
+            sparse_volume::hooks::STOP_ENV,
+            sparse_volume::hooks::Stop::DetachAfterNotedRelease.name(),
+        )
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
         .spawn()

@@ -656,7 +656,7 @@ fn finding_kinds(source: &str) -> Vec<String> {
 /// The sources `check` reports from: check.rs, and a check/ module
 /// directory should it be split up.
 fn check_sources() -> String {
-    let ops = Path::new(env!("CARGO_MANIFEST_DIR")).join("src/ops");
+    let ops = Path::new(env!("CARGO_MANIFEST_DIR")).join("src/commands/inspecting");
     let mut text = fs::read_to_string(ops.join("check.rs")).unwrap_or_default();
     if let Ok(listing) = fs::read_dir(ops.join("check")) {
         for entry in listing.flatten() {

@@ -1,65 +1,24 @@
-//! Every named crash point (`crashpoint::here` in src/): the operation is
-//! killed there (SIGKILL, as a power cut would stop it), then `check`
-//! reports, `check --repair` repairs, the same operation run again
-//! succeeds, and the end state is what an uninterrupted run makes: checked
-//! with `blkid`, `dumpe2fs`, `e2fsck`, `losetup` and the data itself.
+//! Every named crash point (`hooks::Crash::ALL`): the operation is killed
+//! there (SIGKILL, as a power cut would stop it), then `check` reports,
+//! `check --repair` repairs, the same operation run again succeeds, and
+//! the end state is what an uninterrupted run makes: checked with `blkid`,
+//! `dumpe2fs`, `e2fsck`, `losetup` and the data itself.
 //!
-//! The list of points is read from the sources at test time, so a new
-//! point without a scenario here fails the test.
+//! The scenario for each point is chosen by an exhaustive match, so a new
+//! point does not compile until it has one here.
 
 mod common;
 
-use std::collections::BTreeSet;
 use std::fs;
 use std::os::unix::process::ExitStatusExt;
 use std::path::Path;
 use std::process::Command;
 
 use common::{ext4_bytes, loops_of, new_uuid, tool, Fixture, Run};
+use sparse_volume::hooks::{Crash, CRASH_ENV};
 
 const MIB: u64 = 1 << 20;
 const NO_BUS: &str = "unix:path=/nonexistent";
-
-/// Every point this test drives, with the operation that reaches it.
-const POINTS: [&str; 10] = [
-    "create:after-allocate",
-    "create:after-format",
-    "create:before-rename",
-    "create:before-registry",
-    "create:before-unmark",
-    "resize:after-file",
-    "resize:before-registry",
-    "resize:xfs-device-bound",
-    "remove:after-detach",
-    "remove:before-registry",
-];
-
-/// `crashpoint::here("NAME")` calls in src/, read now.
-fn points_in_sources() -> BTreeSet<String> {
-    fn walk(dir: &Path, found: &mut BTreeSet<String>) {
-        for entry in fs::read_dir(dir).expect("reading src") {
-            let path = entry.expect("src entry").path();
-            if path.is_dir() {
-                walk(&path, found);
-            } else if path.extension().is_some_and(|e| e == "rs") {
-                let text = fs::read_to_string(&path).expect("reading a source file");
-                let marker = "crashpoint::here(\"";
-                let mut remaining = text.as_str();
-                while let Some(at) = remaining.find(marker) {
-                    remaining = &remaining[at + marker.len()..];
-                    let end = remaining.find('"').expect("a closing quote");
-                    found.insert(remaining[..end].to_string());
-                }
-            }
-        }
-    }
-    let mut found = BTreeSet::new();
-    walk(
-        &Path::new(env!("CARGO_MANIFEST_DIR")).join("src"),
-        &mut found,
-    );
-    found
-}
 
 fn run_ok(fx: &Fixture, args: &[&str]) -> Run {
     let run = fx.run(args);
@@ -76,7 +35,7 @@ fn crash(fx: &Fixture, point: &str, args: &[&str]) {
     let status = fx
         .command(args)
         .env("DBUS_SYSTEM_BUS_ADDRESS", NO_BUS)
-        .env("SPARSE_VOLUME_CRASH_AT", point)
+        .env(CRASH_ENV, point)
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null())
         .status()
@@ -376,27 +335,29 @@ fn crash_remove(fx: &Fixture, point: &str) -> Seen {
 
 #[test]
 fn every_crash_point_is_repaired_and_the_operation_completes_when_repeated() {
-    let listed: BTreeSet<String> = POINTS.iter().map(|p| p.to_string()).collect();
-    assert_eq!(
-        listed,
-        points_in_sources(),
-        "tests/crash_points.rs must drive exactly the crash points in src/"
-    );
     let mut table = Vec::new();
-    for point in POINTS {
+    for &point in Crash::ALL {
         let fx = Fixture::new();
-        let seen = match point.split(':').next() {
-            _ if point == "resize:xfs-device-bound" => crash_resize_xfs(&fx, point),
-            Some("create") => crash_create(&fx, point),
-            Some("resize") => crash_resize(&fx, point),
-            Some("remove") => crash_remove(&fx, point),
-            _ => panic!("no scenario for {point}"),
+        let name = point.name();
+        let seen = match point {
+            Crash::CreateAfterAllocate
+            | Crash::CreateAfterFormat
+            | Crash::CreateBeforeRename
+            | Crash::CreateBeforeRegistry
+            | Crash::CreateBeforeUnmark => crash_create(&fx, name),
+            Crash::ResizeAfterFile | Crash::ResizeBeforeRegistry => crash_resize(&fx, name),
+            Crash::ResizeXfsDeviceBound => crash_resize_xfs(&fx, name),
+            Crash::RemoveAfterDetach | Crash::RemoveBeforeRegistry => crash_remove(&fx, name),
         };
         table.push(format!(
-            "  {point:<24} check after the kill: {:?}; after --repair: {:?}",
+            "  {name:<24} check after the kill: {:?}; after --repair: {:?}",
             seen.after_crash, seen.after_repair
         ));
         println!("{}", table.last().expect("a row"));
     }
-    println!("crash points: {} of {} driven", table.len(), POINTS.len());
+    println!(
+        "crash points: {} of {} driven",
+        table.len(),
+        Crash::ALL.len()
+    );
 }

@@ -363,7 +363,10 @@ fn a_start_job_that_never_ends_times_out() {
     world.stub.set_job_result(None);
 
     let began = Instant::now();
-    let run = world.run_with(&["start", &uuid], &[("SPARSE_VOLUME_JOB_TIMEOUT_SEC", "1")]);
+    let run = world.run_with(
+        &["start", &uuid],
+        &[(sparse_volume::hooks::JOB_TIMEOUT_ENV, "1")],
+    );
     let took = began.elapsed();
     assert_eq!(run.code, 1, "{}", run.stderr);
     assert!(run.stderr.contains("within 1 s"), "{}", run.stderr);

@@ -155,7 +155,7 @@ fn run_case(fixture: &Fixture, case: &Case) -> Result<(), String> {
         .arg(program)
         .args(args)
         .envs(envs)
-        .env("SPARSE_VOLUME_FAULT", case.faults)
+        .env(sparse_volume::hooks::FAULT_ENV, case.faults)
         .output()
         .map_err(|e| format!("running strace: {e}"))?;
     let stdout = String::from_utf8_lossy(&output.stdout);

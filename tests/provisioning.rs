@@ -544,7 +544,7 @@ fn killed_creates_leave_nothing_check_cannot_clean() {
         let uuid = new_uuid();
         let status = fx
             .command(&["create", "--size", "32M", "--uuid", &uuid, "--now"])
-            .env("SPARSE_VOLUME_CRASH_AT", point)
+            .env(sparse_volume::hooks::CRASH_ENV, point)
             .status()
             .unwrap();
         assert_eq!(
@@ -604,7 +604,7 @@ fn a_create_killed_before_its_registry_entry_is_completed_by_running_it_again() 
     let uuid = new_uuid();
     let status = fx
         .command(&["create", "--size", "32M", "--uuid", &uuid])
-        .env("SPARSE_VOLUME_CRASH_AT", "create:before-registry")
+        .env(sparse_volume::hooks::CRASH_ENV, "create:before-registry")
         .status()
         .unwrap();
     assert!(!status.success());

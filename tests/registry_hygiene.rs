@@ -290,7 +290,7 @@ fn two_registry_files_for_one_backing_file_are_reported_and_attach_once() {
 fn interrupted_create(fx: &Fixture, uuid: &str, logical: &str, point: &str) {
     let status = fx
         .command(&["create", "--size", "16M", "--uuid", uuid, "--path", logical])
-        .env("SPARSE_VOLUME_CRASH_AT", point)
+        .env(sparse_volume::hooks::CRASH_ENV, point)
         .status()
         .unwrap();
     assert!(!status.success(), "create was not killed at {point}");

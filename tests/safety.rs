@@ -265,7 +265,7 @@ fn resize_and_repair_wait_for_the_volume_lock() {
 fn create_killed_before_unmark(fx: &Fixture, uuid: &str) {
     let status = fx
         .command(&["create", "--size", "16M", "--uuid", uuid])
-        .env("SPARSE_VOLUME_CRASH_AT", "create:before-unmark")
+        .env(sparse_volume::hooks::CRASH_ENV, "create:before-unmark")
         .status()
         .unwrap();
     assert!(!status.success(), "not killed");

@@ -14,8 +14,8 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::{loops_of, new_uuid, sysfs_flag, tool, Fixture, Run};
-use sparse_volume::loopdev::sys::LoopInfo64;
-use sparse_volume::loopdev::LoopDevice;
+use sparse_volume::kernel::loop_device::ioctl::LoopInfo64;
+use sparse_volume::kernel::loop_device::LoopDevice;
 
 const STORAGE_IMAGE_SIZE: u64 = 2 << 30;
 const FOUR_K_ROOT: &str = "/srv/4k";

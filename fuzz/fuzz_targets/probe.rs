@@ -18,8 +18,8 @@ use std::os::unix::fs::FileExt;
 use std::sync::OnceLock;
 
 use libfuzzer_sys::fuzz_target;
-use sparse_volume::probe::{identifies, probe, probe_image, Content};
-use sparse_volume::registry::{FsType, Mode, SECTOR_SIZES};
+use sparse_volume::volume::probe::{identifies, probe, probe_image, Content};
+use sparse_volume::volume::spec::{FsType, Mode, SECTOR_SIZES};
 
 const CRC: crc::Crc<u32> = crc::Crc::<u32>::new(&crc::CRC_32_ISO_HDLC);
 const HEADER_BYTES: usize = 92;

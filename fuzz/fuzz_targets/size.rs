@@ -9,7 +9,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use sparse_volume::size::{format_size, parse_size};
+use sparse_volume::volume::size::{format_size, parse_size};
 
 /// The multiplier a unit spelling means (coreutils' rules), or None.
 fn unit(suffix: &str) -> Option<u128> {

@@ -20,9 +20,9 @@ use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-use sparse_volume::kernel_cmdline::{EmergencySwitch, Skip};
-use sparse_volume::paths::SystemRoot;
+use sparse_volume::registry::paths::SystemRoot;
 use sparse_volume::registry::Registry;
+use sparse_volume::systemd::kernel_cmdline::{EmergencySwitch, Skip};
 
 use crate::kmsg::Kmsg;
 use crate::units::Plan;

@@ -7,9 +7,11 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use sparse_volume::paths::{DEFAULT_STORAGE_ROOT, UNIT_TEMPLATE, VOLUMES_TARGET};
-use sparse_volume::registry::{Config, Mode, Volume};
+use sparse_volume::registry::paths::DEFAULT_STORAGE_ROOT;
+use sparse_volume::registry::{Config, Volume};
+use sparse_volume::systemd::unit::{UNIT_TEMPLATE, VOLUMES_TARGET};
 use sparse_volume::systemd::unit_name;
+use sparse_volume::volume::spec::Mode;
 
 use crate::escape::{unit_file_path_word, unit_name_path_escape};
 

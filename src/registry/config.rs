@@ -8,8 +8,8 @@ use toml::Spanned;
 
 use super::error::RegistryError;
 use super::lenient::{from_toml, RegistryWarning};
-use crate::paths::{is_normal_absolute, DEFAULT_STORAGE_ROOT};
-use crate::size::parse_size;
+use crate::registry::paths::{is_normal_absolute, DEFAULT_STORAGE_ROOT};
+use crate::volume::size::parse_size;
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct Config {

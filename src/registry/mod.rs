@@ -4,10 +4,12 @@
 //! whole file); read-modify-write sequences hold [`Registry::lock`].
 
 mod config;
+pub mod device_note;
 mod error;
 mod lenient;
+pub mod paths;
 mod trust;
-mod volume;
+mod volume_file;
 
 use std::fs;
 use std::os::unix::fs::DirBuilderExt;
@@ -18,15 +20,12 @@ use anyhow::{bail, Context, Result};
 pub use config::{Config, Reserve};
 pub use error::RegistryError;
 pub use lenient::RegistryWarning;
-pub use volume::{
-    check_path, check_size, check_volume_path, FsType, Invalid, Mode, Parsed, Volume,
-    CREATING_SUFFIX, DEFAULT_SECTOR_SIZE, SECTOR_SIZES,
-};
+pub use volume_file::{check_path, check_size, check_volume_path, Invalid, Parsed, Volume};
 
-use crate::fsutil::{write_atomically, ExclusiveLock};
-use crate::paths::{SystemRoot, CONFIG_DIR};
-use crate::volume_id::VolumeId;
-use crate::volume_ref::{check_name_as_reference, VolumeRef};
+use crate::kernel::files::{write_atomically, ExclusiveLock};
+use crate::registry::paths::{SystemRoot, CONFIG_DIR};
+use crate::volume::id::VolumeId;
+use crate::volume::reference::{check_name_as_reference, VolumeRef};
 
 pub struct Registry {
     root: SystemRoot,

@@ -1,5 +1,6 @@
-//! systemd's side of a volume: the unit instance that attaches it, and a
-//! small client for systemd's D-Bus API.
+//! systemd's side of a volume: the unit instance that attaches it, the
+//! emergency switch on the kernel command line, the journal, and a small
+//! client for systemd's D-Bus API.
 //!
 //! The client needs zbus and so lives behind the `dbus` feature; the unit
 //! naming and the journal tail do not, so the generator (built without
@@ -9,7 +10,8 @@
 use std::time::Duration;
 
 mod journal;
-mod unit;
+pub mod kernel_cmdline;
+pub mod unit;
 
 pub use journal::last_journal_lines;
 pub use unit::{unit_name, UnitState, JOB_DONE};
@@ -27,23 +29,17 @@ mod without_dbus;
 pub use without_dbus::Systemd;
 
 /// How long to wait for a job systemd runs for us when the unit does not
-/// say (and for a daemon-reload), unless [`JOB_TIMEOUT_ENV`] says
-/// otherwise: systemd's default start timeout.
+/// say (and for a daemon-reload): systemd's default start timeout.
 pub const DEFAULT_JOB_TIMEOUT_SEC: u64 = 90;
-/// Overrides every job wait (whole seconds), e.g. for tests.
-pub const JOB_TIMEOUT_ENV: &str = "SPARSE_VOLUME_JOB_TIMEOUT_SEC";
 /// Past the unit's own timeout, so that systemd's verdict (job result
 /// `timeout`) arrives before we stop waiting for it.
 const JOB_TIMEOUT_MARGIN: Duration = Duration::from_secs(10);
 
-/// The job wait in force: the environment's override if it parses, else
-/// the unit's own timeout plus a margin, at least the default.
+/// The job wait in force: the unit's own timeout plus a margin, at least
+/// the default (a test may shorten it: `hooks::job_wait`).
 pub fn job_wait(unit_timeout: Option<Duration>) -> Duration {
-    let from_env = std::env::var(JOB_TIMEOUT_ENV)
-        .ok()
-        .and_then(|text| text.trim().parse::<u64>().ok());
-    if let Some(seconds) = from_env {
-        return Duration::from_secs(seconds);
+    if let Some(wait) = crate::hooks::job_wait() {
+        return wait;
     }
     let default = Duration::from_secs(DEFAULT_JOB_TIMEOUT_SEC);
     unit_timeout.map_or(default, |t| default.max(t + JOB_TIMEOUT_MARGIN))
@@ -55,8 +51,8 @@ mod tests {
 
     #[test]
     fn job_wait_outlasts_the_units_own_timeout() {
-        if std::env::var_os(JOB_TIMEOUT_ENV).is_some() {
-            return; // overridden for the whole run
+        if crate::hooks::job_wait().is_some() {
+            return; // shortened for the whole run
         }
         let default = Duration::from_secs(DEFAULT_JOB_TIMEOUT_SEC);
         assert_eq!(job_wait(None), default);

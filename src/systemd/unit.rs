@@ -2,11 +2,15 @@
 
 use std::time::Duration;
 
-use crate::paths::UNIT_TEMPLATE;
-use crate::volume_id::VolumeId;
+use crate::volume::id::VolumeId;
 
 /// The job result that means success (`systemctl` treats it the same way).
 pub const JOB_DONE: &str = "done";
+
+/// The template unit every volume's unit is an instance of.
+pub const UNIT_TEMPLATE: &str = "sparse-volume@.service";
+/// Reached once every enabled volume's start job has finished.
+pub const VOLUMES_TARGET: &str = "sparse-volumes.target";
 
 /// `sparse-volume@<UUID>.service`: the instance of [`UNIT_TEMPLATE`] for
 /// the volume. A canonical UUID needs no unit-name escaping (hex digits and

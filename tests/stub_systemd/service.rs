@@ -6,8 +6,9 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use sparse_volume::paths::{SystemRoot, VOLUMES_TARGET};
+use sparse_volume::registry::paths::SystemRoot;
 use sparse_volume::registry::Registry;
+use sparse_volume::systemd::unit::VOLUMES_TARGET;
 use sparse_volume::systemd::unit_name;
 use zbus::object_server::SignalEmitter;
 use zbus::zvariant::{ObjectPath, OwnedObjectPath};

@@ -12,7 +12,7 @@ use anyhow::{Context, Result};
 use clap::CommandFactory;
 use clap_complete::Shell;
 use clap_mangen::Man;
-use sparse_volume::cli::Cli;
+use sparse_volume::cli::args::Cli;
 
 const BIN: &str = "sparse-volume";
 /// An administration tool: it needs root and changes the system.

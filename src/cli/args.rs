@@ -1,0 +1,482 @@
+//! The command line, defined once for parsing, man pages and completions.
+
+use std::io::Read;
+use std::path::PathBuf;
+
+use clap::builder::PossibleValue;
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+use crate::commands::inspecting::pv::{ManifestFormat, PvRequest, Reclaim};
+use crate::commands::provisioning::apply::desired::{Desired, State};
+use crate::commands::provisioning::create::CreateRequest;
+use crate::commands::provisioning::register::{RegisterMode, RegisterRequest};
+use crate::volume::id::VolumeId;
+use crate::volume::reference::VolumeRef;
+use crate::volume::size::parse_size;
+use crate::volume::spec::{FsType, ModeKind, SECTOR_SIZES};
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "sparse-volume",
+    version,
+    about = "Persistent loop-device volumes on sparse files, brought back at boot by systemd"
+)]
+pub struct Cli {
+    /// Print one JSON object instead of a sentence.
+    #[arg(long, global = true)]
+    pub json: bool,
+
+    /// Run every check of a state-changing command and report what it
+    /// would change, changing nothing.
+    #[arg(long, global = true)]
+    pub dry_run: bool,
+
+    /// More log output on stderr (repeat for more).
+    #[arg(short, long, global = true, action = clap::ArgAction::Count)]
+    pub verbose: u8,
+
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Create a backing file, format or partition it, and register it.
+    ///
+    /// Never formats an existing file. Repeating the command with the same
+    /// spec changes nothing; a different spec for an existing UUID is an
+    /// error (use `resize` to grow).
+    Create(CreateArgs),
+    /// Adopt an existing backing file whose content carries the UUID.
+    Register(RegisterArgs),
+    /// Detach and unregister a volume; keeps its data unless asked.
+    Remove {
+        /// The volume: its UUID or its name.
+        #[arg(value_name = "UUID|NAME")]
+        volume: VolumeRef,
+        /// Also delete the backing file.
+        #[arg(long)]
+        delete_data: bool,
+    },
+    /// Grow a volume: file, loop device, partition and file system.
+    Resize {
+        /// The volume: its UUID or its name.
+        #[arg(value_name = "UUID|NAME")]
+        volume: VolumeRef,
+        /// New size (e.g. 20G); never smaller than the current size.
+        #[arg(long, value_parser = parse_size_arg)]
+        size: u64,
+    },
+    /// Attach a registered volume to a loop device (the unit's ExecStart).
+    ///
+    /// Reuses the loop device if the backing file is already attached,
+    /// verifies the content carries the volume UUID, and waits for the
+    /// udev link when udev runs.
+    Attach {
+        /// The volume: its UUID (canonical lowercase form) or its name.
+        #[arg(value_name = "UUID|NAME")]
+        volume: VolumeRef,
+    },
+    /// Detach a volume's loop device (the unit's ExecStop).
+    ///
+    /// Needs no registry entry; a volume that is not attached is success.
+    Detach {
+        /// The volume: its UUID (canonical lowercase form) or its name.
+        #[arg(value_name = "UUID|NAME")]
+        volume: VolumeRef,
+    },
+    /// Enable a volume: set its registry flag and reload systemd, so the
+    /// generator makes it attach at every boot.
+    Enable {
+        /// The volume: its UUID or its name.
+        #[arg(value_name = "UUID|NAME")]
+        volume: VolumeRef,
+        /// Also start its unit now and wait for the result.
+        #[arg(long)]
+        now: bool,
+    },
+    /// Disable a volume: clear its registry flag and reload systemd.
+    Disable {
+        /// The volume: its UUID or its name.
+        #[arg(value_name = "UUID|NAME")]
+        volume: VolumeRef,
+        /// Also stop its unit now (detaching it) and wait for the result.
+        #[arg(long)]
+        now: bool,
+    },
+    /// Start the volume's unit (attach it) and wait for the job result.
+    Start {
+        /// The volume: its UUID or its name.
+        #[arg(value_name = "UUID|NAME")]
+        volume: VolumeRef,
+    },
+    /// Stop the volume's unit (detach it) and wait for the job result.
+    Stop {
+        /// The volume: its UUID or its name.
+        #[arg(value_name = "UUID|NAME")]
+        volume: VolumeRef,
+    },
+    /// Every volume at a glance: name, mode, size, allocation, device, state.
+    List {
+        /// Every column (UUID, enabled flag, unit state, path), one line per
+        /// volume however long.
+        #[arg(long)]
+        wide: bool,
+    },
+    /// One volume in detail (the same fields as `list`).
+    Status {
+        /// The volume: its UUID or its name.
+        #[arg(value_name = "UUID|NAME")]
+        volume: VolumeRef,
+    },
+    /// Audit the registry against files and loop devices.
+    Check {
+        /// Fix what is safe to fix (leftovers, duplicates, unattached volumes).
+        #[arg(long)]
+        repair: bool,
+    },
+    /// Prometheus metrics: every volume and backing file system.
+    Metrics {
+        /// Write DIR/sparse_volume.prom atomically (node_exporter's textfile
+        /// collector) instead of printing; without DIR, the directory named
+        /// by `metrics_textfile_directory` in config.toml.
+        #[arg(long, value_name = "DIR", num_args = 0..=1)]
+        textfile: Option<Option<PathBuf>>,
+    },
+    /// A Kubernetes local PersistentVolume for a registered volume.
+    Pv(PvArgs),
+    /// Converge one volume to a desired state (for config management):
+    /// create it, grow it, set its flags, start or stop it, or remove it,
+    /// doing only what differs. Prints what changed, before and after.
+    Apply(ApplyArgs),
+}
+
+/// The desired state as flags; `--stdin` reads it as one JSON object or
+/// TOML document instead (the same keys, `fs_type` for `--fs`).
+#[derive(Debug, Args)]
+pub struct ApplyArgs {
+    /// Read the desired state from stdin (JSON or TOML) instead of flags.
+    #[arg(long, conflicts_with_all = [
+        "uuid", "name", "state", "size", "mode", "fs_type", "path", "enabled", "read_only",
+        "preallocate", "sector_size", "mkfs_options", "delete_data", "now",
+    ])]
+    pub stdin: bool,
+    #[arg(long)]
+    pub uuid: Option<VolumeId>,
+    /// The volume's name: unique on the node, so it identifies it too.
+    #[arg(long)]
+    pub name: Option<String>,
+    #[arg(long, value_enum, default_value_t = State::Present)]
+    pub state: State,
+    /// Size (grown to when larger; never shrunk).
+    #[arg(long, value_parser = parse_size_arg)]
+    pub size: Option<u64>,
+    #[arg(long, value_enum)]
+    pub mode: Option<ModeKind>,
+    #[arg(long = "fs", value_enum)]
+    pub fs_type: Option<FsType>,
+    #[arg(long)]
+    pub path: Option<PathBuf>,
+    #[arg(long, value_name = "BOOL")]
+    pub enabled: Option<bool>,
+    #[arg(long, value_name = "BOOL")]
+    pub read_only: Option<bool>,
+    /// Reserve the space (fallocate) when creating.
+    #[arg(long)]
+    pub preallocate: bool,
+    #[arg(long, value_parser = parse_sector_size)]
+    pub sector_size: Option<u32>,
+    #[arg(long = "mkfs-option", allow_hyphen_values = true)]
+    pub mkfs_options: Vec<String>,
+    /// With `--state absent`: also delete the backing file.
+    #[arg(long)]
+    pub delete_data: bool,
+    /// Also start (enabled) or stop (disabled) the unit now.
+    #[arg(long)]
+    pub now: bool,
+}
+
+impl ApplyArgs {
+    /// The desired state from the flags or, with `--stdin`, from the
+    /// document there; anything wrong with it is a usage error.
+    pub fn read_desired(&self) -> Result<Desired, String> {
+        if !self.stdin {
+            let desired = self.desired();
+            desired.check()?;
+            return Ok(desired);
+        }
+        let mut text = String::new();
+        std::io::stdin()
+            .read_to_string(&mut text)
+            .map_err(|e| format!("reading the desired state from stdin: {e}"))?;
+        Desired::from_document(&text)
+    }
+
+    fn desired(&self) -> Desired {
+        Desired {
+            state: self.state,
+            uuid: self.uuid,
+            name: self.name.clone(),
+            size: self.size,
+            mode: self.mode,
+            fs_type: self.fs_type,
+            path: self.path.clone(),
+            enabled: self.enabled,
+            read_only: self.read_only,
+            preallocate: self.preallocate.then_some(true),
+            sector_size: self.sector_size,
+            mkfs_options: (!self.mkfs_options.is_empty()).then(|| self.mkfs_options.clone()),
+            delete_data: self.delete_data,
+            now: self.now,
+        }
+    }
+}
+
+#[derive(Debug, Args)]
+pub struct PvArgs {
+    /// The volume: its UUID or its name.
+    #[arg(
+        required_unless_present = "all",
+        conflicts_with = "all",
+        value_name = "UUID|NAME"
+    )]
+    pub volume: Option<VolumeRef>,
+    /// One PersistentVolume per enabled volume.
+    #[arg(long)]
+    pub all: bool,
+    /// `spec.storageClassName`.
+    #[arg(long, default_value = "local-storage")]
+    pub storage_class: String,
+    /// The Kubernetes node name for `nodeAffinity` (default: this host's
+    /// name, as kubelet registers it).
+    #[arg(long)]
+    pub node: Option<String>,
+    /// `spec.persistentVolumeReclaimPolicy`.
+    #[arg(long, value_enum, ignore_case = true, default_value_t = Reclaim::Retain)]
+    pub reclaim: Reclaim,
+    /// Output format (`--json` means `--output json`).
+    #[arg(long, value_enum, ignore_case = true, default_value_t = ManifestFormat::Yaml)]
+    pub output: ManifestFormat,
+}
+
+#[derive(Debug, Args)]
+pub struct RegisterArgs {
+    #[arg(long)]
+    pub uuid: VolumeId,
+    /// Backing file path, inside a storage root.
+    #[arg(long)]
+    pub path: PathBuf,
+    #[arg(long, value_enum, default_value_t = ModeKind::Filesystem)]
+    pub mode: ModeKind,
+    /// File system type (filesystem mode); detected when omitted.
+    #[arg(long = "fs", value_enum)]
+    pub fs_type: Option<FsType>,
+    /// Free-text label.
+    #[arg(long)]
+    pub name: Option<String>,
+    /// Logical sector size (512 or 4096); detected from the content
+    /// when omitted, refused when the content does not read with it.
+    #[arg(long, value_parser = parse_sector_size)]
+    pub sector_size: Option<u32>,
+}
+
+impl RegisterArgs {
+    /// The request, refusing flags that contradict each other; an omitted
+    /// `--fs` stays open (register reads the type from the file).
+    pub fn request(&self, dry_run: bool) -> Result<RegisterRequest, String> {
+        let mode = match self.mode {
+            ModeKind::Filesystem => RegisterMode::Filesystem(self.fs_type),
+            ModeKind::Block if self.fs_type.is_some() => {
+                return Err("--fs is only valid with --mode filesystem".into())
+            }
+            ModeKind::Block => RegisterMode::Block,
+        };
+        Ok(RegisterRequest {
+            uuid: self.uuid,
+            path: self.path.clone(),
+            mode,
+            name: self.name.clone(),
+            sector_size: self.sector_size,
+            dry_run,
+        })
+    }
+}
+
+#[derive(Debug, Args)]
+pub struct CreateArgs {
+    /// Size (4096, 512M, 10G, 1TiB); rounded up to whole MiB.
+    #[arg(long, value_parser = parse_size_arg)]
+    pub size: u64,
+    #[arg(long, value_enum, default_value_t = ModeKind::Filesystem)]
+    pub mode: ModeKind,
+    /// File system type (filesystem mode; default ext4).
+    #[arg(long = "fs", value_enum)]
+    pub fs_type: Option<FsType>,
+    /// Volume UUID; a new one is chosen (and reported) when omitted.
+    #[arg(long)]
+    pub uuid: Option<VolumeId>,
+    /// Free-text label.
+    #[arg(long)]
+    pub name: Option<String>,
+    /// Backing file path (default: <first storage root>/<UUID>).
+    #[arg(long)]
+    pub path: Option<PathBuf>,
+    /// Reserve the space now (fallocate) instead of a sparse file.
+    #[arg(long)]
+    pub preallocate: bool,
+    /// Logical sector size, 512 or 4096 (default: the storage device's).
+    /// Smaller than the storage device's sectors means no direct I/O.
+    #[arg(long, value_parser = parse_sector_size)]
+    pub sector_size: Option<u32>,
+    /// Extra option passed to mkfs (repeatable).
+    #[arg(long = "mkfs-option", allow_hyphen_values = true)]
+    pub mkfs_options: Vec<String>,
+    /// Also attach the volume now.
+    #[arg(long)]
+    pub now: bool,
+}
+
+impl CreateArgs {
+    pub fn request(&self, dry_run: bool) -> Result<CreateRequest, String> {
+        Ok(CreateRequest {
+            size: self.size,
+            mode: self.mode.to_mode(self.fs_type, self.mkfs_options.clone())?,
+            uuid: self.uuid,
+            name: self.name.clone(),
+            path: self.path.clone(),
+            preallocate: self.preallocate,
+            sector_size: self.sector_size,
+            now: self.now,
+            dry_run,
+        })
+    }
+}
+
+impl PvArgs {
+    /// `--json` means `--output json`.
+    pub fn request(&self, uuid: Option<VolumeId>, json: bool) -> PvRequest {
+        PvRequest {
+            uuid,
+            storage_class: self.storage_class.clone(),
+            node: self.node.clone(),
+            reclaim: self.reclaim,
+            format: if json {
+                ManifestFormat::Json
+            } else {
+                self.output
+            },
+        }
+    }
+}
+
+/// clap's value enums for the spec's and the commands' own enums, which
+/// know nothing of clap: each value is the word the registry and JSON use.
+macro_rules! value_enum {
+    ($kind:ty { $($value:ident => $word:literal),* $(,)? }) => {
+        impl ValueEnum for $kind {
+            fn value_variants<'a>() -> &'a [Self] {
+                &[$(<$kind>::$value),*]
+            }
+
+            fn to_possible_value(&self) -> Option<PossibleValue> {
+                Some(PossibleValue::new(match self {
+                    $(<$kind>::$value => $word),*
+                }))
+            }
+        }
+    };
+}
+
+value_enum!(ModeKind { Filesystem => "filesystem", Block => "block" });
+value_enum!(FsType { Ext4 => "ext4", Xfs => "xfs" });
+value_enum!(State { Present => "present", Absent => "absent" });
+value_enum!(Reclaim { Retain => "retain", Delete => "delete" });
+value_enum!(ManifestFormat { Yaml => "yaml", Json => "json" });
+
+/// Zero is refused here like any other size that cannot be, so that
+/// `--size 0` is the same usage error as `--size -1`.
+fn parse_size_arg(text: &str) -> Result<u64, String> {
+    match parse_size(text)? {
+        0 => Err("the size must be greater than zero".into()),
+        size => Ok(size),
+    }
+}
+
+fn parse_sector_size(text: &str) -> Result<u32, String> {
+    text.parse()
+        .ok()
+        .filter(|size| SECTOR_SIZES.contains(size))
+        .ok_or_else(|| format!("{text:?} is not a supported sector size (512 or 4096)"))
+}
+
+impl Command {
+    /// The existing volume a command is about, as the user named it.
+    pub fn volume(&self) -> Option<&VolumeRef> {
+        match self {
+            Command::Attach { volume }
+            | Command::Detach { volume }
+            | Command::Remove { volume, .. }
+            | Command::Resize { volume, .. }
+            | Command::Enable { volume, .. }
+            | Command::Disable { volume, .. }
+            | Command::Start { volume }
+            | Command::Stop { volume }
+            | Command::Status { volume } => Some(volume),
+            Command::Pv(args) => args.volume.as_ref(),
+            Command::Create(_)
+            | Command::Apply(_)
+            | Command::Register(_)
+            | Command::Check { .. }
+            | Command::List { .. }
+            | Command::Metrics { .. } => None,
+        }
+    }
+
+    /// Everything but the read-only reports changes state that only root
+    /// may change; saying so up front beats "Permission denied" on a lock.
+    pub fn needs_root(&self) -> bool {
+        !matches!(
+            self,
+            Command::List { .. }
+                | Command::Status { .. }
+                | Command::Check { repair: false }
+                | Command::Metrics { .. }
+                | Command::Pv(_)
+        )
+    }
+
+    /// The UUID a command gives a volume it makes, when the user chose it.
+    pub fn new_uuid(&self) -> Option<VolumeId> {
+        match self {
+            Command::Register(args) => Some(args.uuid),
+            Command::Create(args) => args.uuid,
+            Command::Apply(args) => args.uuid,
+            _ => None,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_zero_size_is_a_usage_error() {
+        for args in [
+            &["create", "--size", "0"][..],
+            &["create", "--size", "0G"],
+            &[
+                "resize",
+                "6f1c2a8e-3b4d-4e5f-8a9b-0c1d2e3f4a5b",
+                "--size",
+                "0",
+            ],
+        ] {
+            let error =
+                Cli::try_parse_from(std::iter::once("sparse-volume").chain(args.iter().copied()))
+                    .expect_err(&format!("{args:?} accepted"));
+            assert_eq!(error.exit_code(), 2, "{args:?}");
+        }
+        assert!(Cli::try_parse_from(["sparse-volume", "create", "--size", "1"]).is_ok());
+    }
+}

@@ -1,0 +1,128 @@
+//! What the user sees: a command's report for people or as one JSON
+//! object on stdout, warnings and errors on stderr, and the exit status
+//! (0 success, 1 failure, 2 usage error).
+
+use std::process::ExitCode;
+
+use serde::Serialize;
+
+use crate::commands::report::{Failure, Outcome, Report};
+
+/// A report with `dry_run` added after its own fields.
+#[derive(Serialize)]
+struct DryRunTagged<'a, R> {
+    #[serde(flatten)]
+    report: &'a R,
+    dry_run: bool,
+}
+
+/// Prints a command's outcome for people or as one JSON object, and turns
+/// it into the exit status.
+pub struct Output {
+    pub json: bool,
+    /// Said in every report, so a dry run's output is never mistaken for a
+    /// change made.
+    pub dry_run: bool,
+    /// The volume the command is about, for the JSON of a failure.
+    pub uuid: Option<String>,
+}
+
+impl Output {
+    /// `doing` starts the one line of a failure: "attaching U: …".
+    pub fn emit<R: Report>(&self, outcome: Outcome<R>, doing: &str) -> ExitCode {
+        let report = match outcome {
+            Ok(report) => report,
+            Err(failure) => return self.failed(&failure, doing),
+        };
+        for warning in report.warnings() {
+            warn(&warning);
+        }
+        if self.json {
+            // Flattened rather than inserted into a serde_json::Value, whose
+            // map sorts the keys: the report keeps its own field order (uuid
+            // first in a listing's rows).
+            let tagged = DryRunTagged {
+                report: &report,
+                dry_run: self.dry_run,
+            };
+            match serde_json::to_string(&tagged) {
+                Ok(text) => println!("{text}"),
+                Err(e) => eprintln!("sparse-volume: cannot render the report as JSON: {e}"),
+            }
+        } else if self.dry_run {
+            println!("dry run, nothing changed: {}", report.human());
+        } else {
+            println!("{}", report.human());
+        }
+        if report.succeeded() {
+            ExitCode::SUCCESS
+        } else {
+            ExitCode::FAILURE
+        }
+    }
+
+    /// A document another program reads (metrics, manifests): printed as
+    /// it is, whatever `--json` says; failures as usual.
+    pub fn document(&self, outcome: Outcome<String>, doing: &str) -> ExitCode {
+        match outcome {
+            Ok(text) => {
+                print!("{text}");
+                ExitCode::SUCCESS
+            }
+            Err(failure) => self.failed(&failure, doing),
+        }
+    }
+
+    /// Argument combinations clap cannot express: still a usage error.
+    pub fn usage(&self, message: &str) -> ExitCode {
+        self.fail(message, ExitCode::from(2))
+    }
+
+    /// One line on stderr and, with `--json`, the failure's object: after
+    /// a change, `changed` is true and the volume and what was done are
+    /// named.
+    fn failed(&self, failure: &Failure, doing: &str) -> ExitCode {
+        let message = format!("{doing}: {:#}", failure.error());
+        match failure {
+            Failure::Unchanged(_) => self.fail(&message, ExitCode::FAILURE),
+            Failure::PartlyApplied { uuid, actions, .. } => {
+                eprintln!("sparse-volume: {message}");
+                if self.json {
+                    println!(
+                        "{}",
+                        serde_json::json!({
+                            "changed": true,
+                            "uuid": uuid.to_string(),
+                            "actions": actions,
+                            "dry_run": self.dry_run,
+                            "error": message,
+                        })
+                    );
+                }
+                ExitCode::FAILURE
+            }
+        }
+    }
+
+    /// A failure that changed nothing: one line on stderr and, with
+    /// `--json`, `changed: false` with the error.
+    pub fn fail(&self, message: &str, code: ExitCode) -> ExitCode {
+        eprintln!("sparse-volume: {message}");
+        if self.json {
+            println!(
+                "{}",
+                serde_json::json!({
+                    "changed": false,
+                    "uuid": self.uuid,
+                    "dry_run": self.dry_run,
+                    "error": message,
+                })
+            );
+        }
+        code
+    }
+}
+
+pub fn warn(warning: &str) {
+    eprintln!("sparse-volume: warning: {warning}");
+}

@@ -1,0 +1,352 @@
+//! `sparse-volume metrics`: the Prometheus text exposition format, printed
+//! or written atomically for node_exporter's textfile collector. The
+//! numbers are `list`'s (one truth for people and for monitoring), plus
+//! each storage root's file system and what the last `check` found.
+//!
+//! Writing the textfile is what the metrics timer does every minute, so
+//! that is also where a storage root crossing its `warn_headroom` is
+//! logged: once per crossing, remembered in the run directory.
+
+use std::collections::BTreeSet;
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result};
+use serde::Serialize;
+
+use crate::commands::inspecting::check::LastCheck;
+use crate::commands::inspecting::list::{listing, ListReport};
+use crate::commands::report::{Failure, Outcome, Report};
+use crate::engine::capacity::StorageRootUsage;
+use crate::engine::inspect::VolumeInfo;
+use crate::kernel::files::{write_atomically, ExclusiveLock};
+use crate::registry::paths::SystemRoot;
+use crate::registry::Registry;
+
+/// The file node_exporter's textfile collector reads (it reads `*.prom`;
+/// the temporary of an atomic write ends in `.tmp`, so it is never read).
+pub const TEXTFILE_NAME: &str = "sparse_volume.prom";
+/// Storage roots under pressure at the last textfile write, one per line.
+const PRESSURE_STATE_FILE: &str = "space-pressure";
+
+/// Everything one exposition is made of: `list`'s report (its volumes
+/// and storage roots) and the last check's summary.
+struct Snapshot {
+    listing: ListReport,
+    last_check: Option<LastCheck>,
+}
+
+fn snapshot(registry: &Registry) -> Result<Snapshot> {
+    Ok(Snapshot {
+        listing: listing(registry, false)?,
+        last_check: LastCheck::read(registry.root()),
+    })
+}
+
+/// The exposition, for `metrics` without `--textfile`.
+pub fn render(registry: &Registry) -> Outcome<String> {
+    Ok(exposition(&snapshot(registry).map_err(Failure::Unchanged)?))
+}
+
+#[derive(Debug, Serialize)]
+pub struct TextfileReport {
+    pub changed: bool,
+    pub path: PathBuf,
+    pub volumes: usize,
+    /// Storage roots whose headroom is below `warn_headroom` (or zero).
+    pub under_pressure: Vec<PathBuf>,
+}
+
+impl Report for TextfileReport {
+    fn human(&self) -> String {
+        format!("wrote {} ({} volumes)", self.path.display(), self.volumes)
+    }
+}
+
+/// Writes `DIR/sparse_volume.prom` (DIR: `directory`, or config.toml's
+/// `metrics_textfile_directory`) and logs storage roots that crossed
+/// their threshold since the last write.
+pub fn write_textfile(registry: &Registry, directory: Option<&Path>) -> Outcome<TextfileReport> {
+    write(registry, directory).map_err(Failure::Unchanged)
+}
+
+fn write(registry: &Registry, directory: Option<&Path>) -> Result<TextfileReport> {
+    let root = registry.root();
+    let directory = match directory {
+        Some(directory) => directory.to_path_buf(),
+        None => root.host_path(&registry.config().metrics_textfile_directory),
+    };
+    let snapshot = snapshot(registry)?;
+    let path = directory.join(TEXTFILE_NAME);
+    // node_exporter runs as its own user: the file must be readable.
+    write_atomically(&path, exposition(&snapshot).as_bytes(), 0o644)
+        .with_context(|| format!("writing {}", path.display()))?;
+    let under_pressure = log_pressure_crossings(root, &snapshot.listing.storage_roots);
+    Ok(TextfileReport {
+        changed: true,
+        path,
+        volumes: snapshot.listing.volumes.len(),
+        under_pressure,
+    })
+}
+
+/// Logs a warning for each storage root that went under pressure since
+/// the previous call (and an info line for each that recovered), so a
+/// timer running every minute warns once per crossing, not every minute.
+fn log_pressure_crossings(root: &SystemRoot, usages: &[StorageRootUsage]) -> Vec<PathBuf> {
+    let now: Vec<&StorageRootUsage> = usages.iter().filter(|u| u.under_pressure()).collect();
+    let state_file = root.run_dir().join(PRESSURE_STATE_FILE);
+    // Two writers at once must not both see "not yet warned".
+    let _lock = match ExclusiveLock::acquire(&root.run_dir().join("metrics.lock")) {
+        Ok(lock) => lock,
+        Err(e) => {
+            tracing::debug!("not tracking space pressure: {e:#}");
+            return now.iter().map(|u| u.storage_root.clone()).collect();
+        }
+    };
+    let before: BTreeSet<PathBuf> = std::fs::read_to_string(&state_file)
+        .unwrap_or_default()
+        .lines()
+        .filter(|line| !line.is_empty())
+        .map(PathBuf::from)
+        .collect();
+    for usage in &now {
+        if !before.contains(&usage.storage_root) {
+            tracing::warn!("{}", usage.pressure_message());
+        }
+    }
+    for storage_root in &before {
+        if !now.iter().any(|u| &u.storage_root == storage_root) {
+            tracing::info!(
+                "storage root {} is no longer short of space",
+                storage_root.display()
+            );
+        }
+    }
+    let text: String = now
+        .iter()
+        .map(|u| format!("{}\n", u.storage_root.display()))
+        .collect();
+    if let Err(e) = write_atomically(&state_file, text.as_bytes(), 0o644) {
+        tracing::debug!("cannot remember space pressure: {e:#}");
+    }
+    now.iter().map(|u| u.storage_root.clone()).collect()
+}
+
+/// Prometheus text format 0.0.4: `# HELP`/`# TYPE` once per metric, then
+/// its samples.
+fn exposition(snapshot: &Snapshot) -> String {
+    let mut out = Exposition::default();
+    out.gauge(
+        "sparse_volume_info",
+        "Version of sparse-volume that wrote these metrics.",
+        vec![(labels(&[("version", env!("CARGO_PKG_VERSION"))]), 1)],
+    );
+
+    let volumes = &snapshot.listing.volumes;
+    let per_volume = |value: &dyn Fn(&VolumeInfo) -> Option<i128>| {
+        volumes
+            .iter()
+            .filter_map(|v| value(v).map(|x| (volume_labels(v), x)))
+            .collect::<Vec<_>>()
+    };
+    out.gauge(
+        "sparse_volume_size_bytes",
+        "Registered size of the volume.",
+        per_volume(&|v| Some(i128::from(v.size))),
+    );
+    out.gauge(
+        "sparse_volume_allocated_bytes",
+        "Bytes the backing file occupies on its file system.",
+        per_volume(&|v| v.allocated.map(i128::from)),
+    );
+    out.gauge(
+        "sparse_volume_attached",
+        "1 when the backing file is attached to a loop device.",
+        per_volume(&|v| Some(flag(v.device.is_some()))),
+    );
+    out.gauge(
+        "sparse_volume_enabled",
+        "1 when the volume is attached at boot.",
+        per_volume(&|v| Some(flag(v.enabled))),
+    );
+    out.gauge(
+        "sparse_volume_read_only",
+        "1 when the volume is attached read-only.",
+        per_volume(&|v| Some(flag(v.read_only))),
+    );
+    out.gauge(
+        "sparse_volume_unit_active",
+        "1 when the volume's sparse-volume@.service is active; absent when systemd cannot be asked.",
+        per_volume(&|v| match v.active_state.as_str() {
+            crate::engine::inspect::UNKNOWN => None,
+            state => Some(flag(state == "active")),
+        }),
+    );
+    out.gauge(
+        "sparse_volume_systemd_up",
+        "1 when systemd answered for the unit states.",
+        vec![(
+            String::new(),
+            flag(snapshot.listing.systemd_error.is_none()),
+        )],
+    );
+
+    let per_root = |value: &dyn Fn(&StorageRootUsage) -> i128| {
+        snapshot
+            .listing
+            .storage_roots
+            .iter()
+            .map(|u| {
+                (
+                    labels(&[("storage_root", &u.storage_root.display().to_string())]),
+                    value(u),
+                )
+            })
+            .collect::<Vec<_>>()
+    };
+    out.gauge(
+        "sparse_volume_backing_fs_size_bytes",
+        "Size of the file system holding a storage root.",
+        per_root(&|u| i128::from(u.total)),
+    );
+    out.gauge(
+        "sparse_volume_backing_fs_free_bytes",
+        "Free bytes on it for unprivileged writers.",
+        per_root(&|u| i128::from(u.free)),
+    );
+    out.gauge(
+        "sparse_volume_backing_fs_committed_growth_bytes",
+        "What the sparse volumes on it may still grow into (size minus allocated).",
+        per_root(&|u| i128::from(u.committed_growth)),
+    );
+    out.gauge(
+        "sparse_volume_backing_fs_headroom_bytes",
+        "Free bytes left once every volume on it has grown to its size; negative when they cannot all grow.",
+        per_root(&|u| i128::from(u.headroom())),
+    );
+    out.gauge(
+        "sparse_volume_backing_fs_warn_headroom_bytes",
+        "The warn_headroom threshold of config.toml for this file system (0 when unset).",
+        per_root(&|u| i128::from(u.warn_headroom)),
+    );
+    out.gauge(
+        "sparse_volume_backing_fs_volumes",
+        "Registered volumes whose backing file is on it.",
+        per_root(&|u| u.volumes as i128),
+    );
+
+    out.gauge(
+        "sparse_volume_registry_errors",
+        "Registry files that do not read (those volumes are skipped at boot).",
+        vec![(String::new(), snapshot.listing.errors.len() as i128)],
+    );
+    if let Some(last) = &snapshot.last_check {
+        out.gauge(
+            "sparse_volume_check_timestamp_seconds",
+            "When sparse-volume check last ran (Unix time).",
+            vec![(String::new(), i128::from(last.finished))],
+        );
+        out.gauge(
+            "sparse_volume_check_findings",
+            "Findings of the last sparse-volume check that were not repaired, by kind and severity.",
+            last.counts
+                .iter()
+                .map(|c| {
+                    (
+                        labels(&[("kind", &c.kind), ("severity", &c.severity)]),
+                        i128::from(c.count),
+                    )
+                })
+                .collect(),
+        );
+    }
+    out.text
+}
+
+fn flag(value: bool) -> i128 {
+    i128::from(value)
+}
+
+fn volume_labels(volume: &VolumeInfo) -> String {
+    labels(&[
+        ("uuid", &volume.uuid),
+        ("name", volume.name.as_deref().unwrap_or("")),
+        ("mode", volume.mode),
+    ])
+}
+
+/// `{a="1",b="2"}` with values escaped as the text format requires.
+fn labels(pairs: &[(&str, &str)]) -> String {
+    let inner: Vec<String> = pairs
+        .iter()
+        .map(|(name, value)| format!("{name}=\"{}\"", escape_label_value(value)))
+        .collect();
+    format!("{{{}}}", inner.join(","))
+}
+
+fn escape_label_value(value: &str) -> String {
+    let mut escaped = String::with_capacity(value.len());
+    for c in value.chars() {
+        match c {
+            '\\' => escaped.push_str("\\\\"),
+            '"' => escaped.push_str("\\\""),
+            '\n' => escaped.push_str("\\n"),
+            c => escaped.push(c),
+        }
+    }
+    escaped
+}
+
+#[derive(Default)]
+struct Exposition {
+    text: String,
+}
+
+impl Exposition {
+    /// A metric without samples is left out: a `# TYPE` line alone says
+    /// nothing and some parsers reject it.
+    fn gauge(&mut self, name: &str, help: &str, samples: Vec<(String, i128)>) {
+        if samples.is_empty() {
+            return;
+        }
+        let _ = writeln!(self.text, "# HELP {name} {help}");
+        let _ = writeln!(self.text, "# TYPE {name} gauge");
+        for (labels, value) in samples {
+            let _ = writeln!(self.text, "{name}{labels} {value}");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn label_values_are_escaped() {
+        assert_eq!(
+            labels(&[("name", "a\"b\\c\nd"), ("mode", "block")]),
+            r#"{name="a\"b\\c\nd",mode="block"}"#
+        );
+    }
+
+    #[test]
+    fn samples_are_exact_integers() {
+        let mut out = Exposition::default();
+        out.gauge(
+            "x_bytes",
+            "h",
+            vec![
+                (String::new(), 18_014_398_509_481_985),
+                (labels(&[("a", "b")]), -3),
+            ],
+        );
+        assert_eq!(
+            out.text,
+            "# HELP x_bytes h\n# TYPE x_bytes gauge\nx_bytes 18014398509481985\nx_bytes{a=\"b\"} -3\n"
+        );
+        let mut empty = Exposition::default();
+        empty.gauge("y", "h", Vec::new());
+        assert_eq!(empty.text, "");
+    }
+}

@@ -1,0 +1,178 @@
+//! The state `apply` converges a volume to, from flags or from one JSON
+//! object or TOML document on stdin. Both end in [`Desired`], checked by
+//! the same rules, so a playbook and a shell line mean the same thing.
+
+use std::path::PathBuf;
+
+use serde::Deserialize;
+
+use crate::volume::id::VolumeId;
+use crate::volume::reference::check_name_as_reference;
+use crate::volume::size::parse_size;
+use crate::volume::spec::ModeKind;
+use crate::volume::spec::{FsType, SECTOR_SIZES};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum State {
+    #[default]
+    Present,
+    Absent,
+}
+
+/// `None` everywhere means "as it is" for an existing volume and the
+/// default for a new one.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Desired {
+    pub state: State,
+    pub uuid: Option<VolumeId>,
+    pub name: Option<String>,
+    pub size: Option<u64>,
+    pub mode: Option<ModeKind>,
+    pub fs_type: Option<FsType>,
+    pub path: Option<PathBuf>,
+    pub enabled: Option<bool>,
+    pub read_only: Option<bool>,
+    pub preallocate: Option<bool>,
+    pub sector_size: Option<u32>,
+    pub mkfs_options: Option<Vec<String>>,
+    pub delete_data: bool,
+    pub now: bool,
+}
+
+/// What a document may say. Config-management modules send every option,
+/// unset ones as null, so every key takes null.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Document {
+    state: Option<State>,
+    uuid: Option<String>,
+    name: Option<String>,
+    /// Bytes or text ("10G"); read as a TOML value whichever the
+    /// document is, to say what is wrong with anything else.
+    size: Option<toml::Value>,
+    mode: Option<String>,
+    fs_type: Option<FsType>,
+    path: Option<PathBuf>,
+    enabled: Option<bool>,
+    read_only: Option<bool>,
+    preallocate: Option<bool>,
+    sector_size: Option<u32>,
+    mkfs_options: Option<Vec<String>>,
+    delete_data: Option<bool>,
+    now: Option<bool>,
+}
+
+impl Desired {
+    /// A JSON object (text starting with `{`) or a TOML document.
+    pub fn from_document(text: &str) -> Result<Self, String> {
+        let document: Document = if text.trim_start().starts_with('{') {
+            serde_json::from_str(text).map_err(|e| format!("the JSON document on stdin: {e}"))?
+        } else {
+            toml::from_str(text).map_err(|e| format!("the TOML document on stdin: {e}"))?
+        };
+        let mode = document.mode.as_deref().map(str::parse).transpose()?;
+        let size = match document.size {
+            None => None,
+            Some(toml::Value::Integer(bytes)) => {
+                Some(u64::try_from(bytes).map_err(|_| format!("size {bytes} is not a size"))?)
+            }
+            Some(toml::Value::String(text)) => Some(parse_size(&text)?),
+            Some(other) => {
+                return Err(format!(
+                    "size {other} is neither a whole number of bytes nor text such as \"10G\""
+                ))
+            }
+        };
+        let desired = Self {
+            state: document.state.unwrap_or_default(),
+            uuid: document.uuid.map(|text| text.parse()).transpose()?,
+            name: document.name,
+            size,
+            mode,
+            fs_type: document.fs_type,
+            path: document.path,
+            enabled: document.enabled,
+            read_only: document.read_only,
+            preallocate: document.preallocate,
+            sector_size: document.sector_size,
+            mkfs_options: document.mkfs_options,
+            delete_data: document.delete_data.unwrap_or(false),
+            now: document.now.unwrap_or(false),
+        };
+        desired.check()?;
+        Ok(desired)
+    }
+
+    /// The rules flags and documents share (clap enforces some of them for
+    /// flags already; a document needs them all).
+    pub fn check(&self) -> Result<(), String> {
+        if self.uuid.is_none() && self.name.is_none() {
+            return Err("say which volume: a uuid, a name, or both".into());
+        }
+        if let Some(name) = &self.name {
+            check_name_as_reference(name)?;
+        }
+        if self.size == Some(0) {
+            return Err("the size must be greater than zero".into());
+        }
+        if let Some(size) = self.sector_size.filter(|s| !SECTOR_SIZES.contains(s)) {
+            return Err(format!("sector_size {size} is not supported (512 or 4096)"));
+        }
+        if self.mode == Some(ModeKind::Block)
+            && (self.fs_type.is_some() || self.mkfs_options.as_ref().is_some_and(|o| !o.is_empty()))
+        {
+            return Err("fs_type and mkfs_options are only valid in filesystem mode".into());
+        }
+        if self.state == State::Present && self.delete_data {
+            return Err("delete_data is only valid with state absent".into());
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn json_and_toml_say_the_same() {
+        let json = r#"{"name": "pg-data", "size": "1G", "fs_type": "xfs", "enabled": false,
+                      "uuid": null, "path": null, "now": null}"#;
+        let toml = "name = \"pg-data\"\nsize = 1073741824\nfs_type = \"xfs\"\nenabled = false\n";
+        let from_json = Desired::from_document(json).expect("JSON");
+        assert_eq!(from_json, Desired::from_document(toml).expect("TOML"));
+        assert_eq!(from_json.size, Some(1 << 30));
+        assert_eq!(from_json.state, State::Present);
+    }
+
+    #[test]
+    fn a_document_is_refused_with_the_reason() {
+        for (text, reason) in [
+            (r#"{"name": "a", "sise": 1}"#, "unknown field `sise`"),
+            (r#"{"size": 1}"#, "say which volume"),
+            (
+                r#"{"name": "a", "mode": "raw"}"#,
+                "is not \"filesystem\" or \"block\"",
+            ),
+            (r#"{"name": "a", "uuid": "NOT-A-UUID"}"#, "is not a UUID"),
+            (
+                r#"{"name": "a", "delete_data": true}"#,
+                "only valid with state absent",
+            ),
+            (
+                r#"{"name": "a", "mode": "block", "fs_type": "ext4"}"#,
+                "only valid in filesystem",
+            ),
+            (r#"{"name": "a", "size": 0}"#, "greater than zero"),
+            (
+                r#"{"name": "a", "size": 64.5}"#,
+                "neither a whole number of bytes",
+            ),
+            (r#"{"name": "a", "size": -1}"#, "is not a size"),
+        ] {
+            let error = Desired::from_document(text).expect_err(text);
+            assert!(error.contains(reason), "{text}: {error}");
+        }
+    }
+}

@@ -1,0 +1,558 @@
+//! `sparse-volume apply`: converges one volume to a desired state, for
+//! config management. It decides what to do from the registry and the
+//! device, then does it through the same operations as `create`, `resize`,
+//! `enable`/`disable`, `start`/`stop` and `remove`, so every rule and every
+//! refusal of those holds here too. With `--dry-run` each step runs its
+//! checks and stops before changing anything.
+
+pub mod desired;
+mod record;
+
+use anyhow::{anyhow, bail, Context, Result};
+use serde::Serialize;
+
+use crate::commands::provisioning::create::{
+    create_volume, round_up_to_mib, spec_differences, AskedSpec, CreateRequest,
+};
+use crate::commands::provisioning::{remove, resize};
+use crate::commands::report::{Failure, Outcome, Report};
+use crate::engine::activate::{
+    attached_devices, bring_down_now, bring_up_now, refuse_if_in_use, reload_if_reachable,
+    systemd_agrees,
+};
+use crate::engine::attach::{attach_planned, refuse_if_skipped};
+use crate::registry::{Registry, Volume};
+use crate::systemd::{unit_name, Systemd};
+use crate::volume::id::VolumeId;
+use crate::volume::size::format_size;
+use crate::volume::spec::{Mode, ModeKind};
+use desired::{Desired, State};
+pub use record::VolumeRecord;
+use record::{record, record_without_runtime};
+
+use crate::engine::inspect::UNKNOWN;
+
+/// Stands for the UUID a dry run of a create cannot know.
+pub const UUID_PLACEHOLDER: &str = "<uuid>";
+
+#[derive(Debug, Serialize)]
+pub struct ApplyReport {
+    pub changed: bool,
+    /// Null when the volume neither exists nor will (absent), or when a
+    /// dry run would create it under a UUID chosen then.
+    pub uuid: Option<String>,
+    pub name: Option<String>,
+    pub state: State,
+    /// For the human summary; the JSON gets `dry_run` from main's output,
+    /// as every report does.
+    #[serde(skip)]
+    pub dry_run: bool,
+    /// What was done (or, in a dry run, would be), in order.
+    pub actions: Vec<String>,
+    pub before: Option<VolumeRecord>,
+    pub after: Option<VolumeRecord>,
+    #[serde(skip)]
+    warnings: Vec<String>,
+}
+
+impl Report for ApplyReport {
+    fn human(&self) -> String {
+        let who = match (&self.name, &self.uuid) {
+            (Some(name), Some(uuid)) => format!("{name} ({uuid})"),
+            (Some(name), None) => name.clone(),
+            (None, Some(uuid)) => uuid.clone(),
+            (None, None) => "the volume".into(),
+        };
+        match (self.actions.is_empty(), self.dry_run) {
+            (true, _) => format!("{who} is already as asked ({})", state_name(self.state)),
+            (false, false) => format!("{who}: {}", self.actions.join(", ")),
+            (false, true) => format!("{who} would change: {}", self.actions.join(", ")),
+        }
+    }
+
+    fn warnings(&self) -> Vec<String> {
+        self.warnings.clone()
+    }
+}
+
+fn state_name(state: State) -> &'static str {
+    match state {
+        State::Present => "present",
+        State::Absent => "absent",
+    }
+}
+
+/// The first words of a failure's line: which volume it was about.
+pub fn doing(desired: &Desired) -> String {
+    match (&desired.name, &desired.uuid) {
+        (_, Some(id)) => format!("applying {id}"),
+        (Some(name), None) => format!("applying {name:?}"),
+        (None, None) => "applying".to_string(),
+    }
+}
+
+pub fn apply(registry: &Registry, desired: &Desired, dry_run: bool) -> Outcome<ApplyReport> {
+    desired
+        .check()
+        .map_err(|reason| Failure::Unchanged(anyhow!(reason)))?;
+    // Every step's checks first, so that what can be refused (a stop while
+    // mounted, a skipped volume, no space) is refused before the first
+    // step changes anything.
+    if !dry_run {
+        converge(registry, desired, true)?;
+    }
+    converge(registry, desired, dry_run)
+}
+
+fn converge(registry: &Registry, desired: &Desired, dry_run: bool) -> Outcome<ApplyReport> {
+    let systemd = Systemd::connect().ok();
+    let existing = find(registry, desired).map_err(Failure::Unchanged)?;
+    let before = existing
+        .as_ref()
+        .map(|volume| record(registry, systemd.as_ref(), volume))
+        .transpose()
+        .map_err(Failure::Unchanged)?;
+    let mut converge = Converge {
+        registry,
+        desired,
+        dry_run,
+        systemd: systemd.as_ref(),
+        actions: Vec::new(),
+        warnings: Vec::new(),
+        uuid: existing.as_ref().map(|v| v.id),
+    };
+    let planned = match (desired.state, existing) {
+        (State::Absent, None) => Ok(None),
+        (State::Absent, Some(volume)) => converge.remove(&volume, before.as_ref()).map(|()| None),
+        (State::Present, None) => converge.create().map(Some),
+        (State::Present, Some(volume)) => converge.update(volume, before.as_ref()).map(Some),
+    };
+    // A failure after a change says what was changed, and on which volume.
+    let planned = match (planned, converge.uuid) {
+        (Err(error), Some(uuid)) if !converge.actions.is_empty() && !dry_run => {
+            return Err(Failure::PartlyApplied {
+                uuid,
+                actions: converge.actions,
+                error,
+            });
+        }
+        (planned, _) => planned.map_err(Failure::Unchanged)?,
+    };
+    // From here on the changes are made; what is left only reads them.
+    let after = read_after(
+        registry,
+        &converge,
+        desired,
+        before.as_ref(),
+        planned,
+        dry_run,
+    )
+    .map_err(|error| match converge.uuid {
+        Some(uuid) if !converge.actions.is_empty() && !dry_run => Failure::PartlyApplied {
+            uuid,
+            actions: converge.actions.clone(),
+            error,
+        },
+        _ => Failure::Unchanged(error),
+    })?;
+    let uuid = after
+        .as_ref()
+        .or(before.as_ref())
+        .and_then(|r| r.uuid.clone())
+        .or_else(|| desired.uuid.map(|id| id.to_string()));
+    Ok(ApplyReport {
+        changed: !converge.actions.is_empty(),
+        uuid,
+        name: after
+            .as_ref()
+            .or(before.as_ref())
+            .and_then(|r| r.name.clone())
+            .or_else(|| desired.name.clone()),
+        state: desired.state,
+        dry_run,
+        actions: converge.actions,
+        before,
+        after,
+        warnings: converge.warnings,
+    })
+}
+
+/// The volume's record after the steps: read back from the registry and
+/// the device, or (in a dry run, which changed nothing) what the steps
+/// planned.
+fn read_after(
+    registry: &Registry,
+    converge: &Converge,
+    desired: &Desired,
+    before: Option<&VolumeRecord>,
+    planned: Option<Volume>,
+    dry_run: bool,
+) -> Result<Option<VolumeRecord>> {
+    Ok(match planned {
+        // A dry run changed nothing to read back: what the registry would
+        // say, with the device and unit as they are or as a planned stop
+        // leaves them (a planned start's device is not known before the
+        // attach picks it).
+        Some(volume) if dry_run => {
+            let mut after = record_without_runtime(&volume);
+            if let Some(before) = before {
+                after.device = before.device.clone();
+                after.active_state = before.active_state.clone();
+            }
+            let systemd_seen = after.active_state != UNKNOWN;
+            if converge.actions.iter().any(|a| a == "stop") {
+                after.device = None;
+                if systemd_seen {
+                    after.active_state = "inactive".into();
+                }
+            } else if converge.actions.iter().any(|a| a == "start") && systemd_seen {
+                after.active_state = "active".into();
+            }
+            // The UUID (and the default file name made of it) is chosen
+            // when the volume is made, not now.
+            if desired.uuid.is_none() && before.is_none() {
+                after.uuid = None;
+                if desired.path.is_none() {
+                    after.path.set_file_name(UUID_PLACEHOLDER);
+                }
+            }
+            Some(after)
+        }
+        Some(volume) => Some(record(
+            registry,
+            converge.systemd,
+            &registry.require(&volume.id)?,
+        )?),
+        None => None,
+    })
+}
+
+/// The volume the desired state is about: by UUID, by name, or by both
+/// when they agree. A UUID whose volume has another name is renamed when
+/// present, but never removed: a stale UUID must not take another
+/// volume's data away.
+fn find(registry: &Registry, desired: &Desired) -> Result<Option<Volume>> {
+    let named = match &desired.name {
+        Some(name) => registry.volume_named(name)?,
+        None => None,
+    };
+    match desired.uuid {
+        Some(id) => {
+            if let Some(other) = named.filter(|v| v.id != id) {
+                bail!(
+                    "the name {:?} is already given to volume {}; a name names one volume on a node",
+                    desired.name.as_deref().unwrap_or_default(),
+                    other.id
+                );
+            }
+            let volume = registry.get(&id)?;
+            if let (State::Absent, Some(name), Some(volume)) =
+                (desired.state, &desired.name, &volume)
+            {
+                if volume.name.as_ref() != Some(name) {
+                    bail!(
+                        "volume {id} is named {:?}, not {name:?}; nothing is removed",
+                        volume.name.as_deref().unwrap_or_default()
+                    );
+                }
+            }
+            Ok(volume)
+        }
+        None => Ok(named),
+    }
+}
+
+struct Converge<'a> {
+    registry: &'a Registry,
+    desired: &'a Desired,
+    dry_run: bool,
+    systemd: Option<&'a Systemd>,
+    actions: Vec<String>,
+    warnings: Vec<String>,
+    /// The volume's UUID once it exists (for [`Failure::PartlyApplied`]).
+    uuid: Option<VolumeId>,
+}
+
+impl Converge<'_> {
+    fn create(&mut self) -> Result<Volume> {
+        let registry = self.registry;
+        let desired = self.desired;
+        let size = desired
+            .size
+            .context("the volume does not exist; a size is needed to create it")?;
+        let mode = desired
+            .mode
+            .unwrap_or(ModeKind::Filesystem)
+            .to_mode(
+                desired.fs_type,
+                desired.mkfs_options.clone().unwrap_or_default(),
+            )
+            .map_err(|reason| anyhow!(reason))?;
+        let created = create_volume(
+            registry,
+            &CreateRequest {
+                size,
+                mode: mode.clone(),
+                uuid: desired.uuid,
+                name: desired.name.clone(),
+                path: desired.path.clone(),
+                preallocate: desired.preallocate.unwrap_or(false),
+                sector_size: desired.sector_size,
+                now: false,
+                dry_run: self.dry_run,
+            },
+        )?;
+        let id: VolumeId = created.uuid.parse().map_err(|e: String| anyhow!(e))?;
+        self.uuid = Some(id);
+        if created.changed {
+            self.actions.push(format!(
+                "create a {} volume of {}",
+                describe_mode(&mode),
+                format_size(created.size)
+            ));
+        }
+        let volume = if self.dry_run {
+            Volume {
+                id,
+                path: created.path,
+                size: created.size,
+                mode,
+                enabled: true,
+                read_only: false,
+                direct_io: registry.config().direct_io,
+                preallocated: created.preallocated,
+                name: desired.name.clone(),
+                sector_size: created.sector_size,
+            }
+        } else {
+            registry.require(&id)?
+        };
+        self.settle(volume, None, created.changed)
+    }
+
+    fn update(&mut self, volume: Volume, before: Option<&VolumeRecord>) -> Result<Volume> {
+        let desired = self.desired;
+        let (fs_type, mkfs_options) = match desired.mode {
+            Some(ModeKind::Block) => (None, None),
+            _ => (desired.fs_type, desired.mkfs_options.as_deref()),
+        };
+        let differences = spec_differences(
+            &volume,
+            &AskedSpec {
+                mode: desired.mode.map(ModeKind::name),
+                fs_type,
+                mkfs_options,
+                path: desired.path.as_deref(),
+                preallocate: desired.preallocate,
+                sector_size: desired.sector_size,
+            },
+        );
+        if !differences.is_empty() {
+            bail!(
+                "the volume exists with a different spec that cannot be changed: {}",
+                differences.join(", ")
+            );
+        }
+        let mut volume = volume;
+        if let Some(asked) = desired.size {
+            // Exactly the registered size is no change, whole MiB or not.
+            if asked != volume.size && round_up_to_mib(asked)? != volume.size {
+                // Refuses to shrink, with both sizes, like `resize`.
+                let grown = resize::grow(self.registry, &volume.id, asked, self.dry_run)?;
+                self.actions.push(format!(
+                    "resize {} to {}",
+                    format_size(grown.old_size),
+                    format_size(grown.size)
+                ));
+                volume.size = grown.size;
+            }
+        }
+        self.settle(volume, before, false)
+    }
+
+    /// The registry flags and, with `now`, the unit: the same for a volume
+    /// just created and one that existed.
+    fn settle(
+        &mut self,
+        mut volume: Volume,
+        before: Option<&VolumeRecord>,
+        created: bool,
+    ) -> Result<Volume> {
+        let desired = self.desired;
+        let mut changes = Vec::new();
+        if let Some(name) = desired
+            .name
+            .as_ref()
+            .filter(|n| volume.name.as_ref() != Some(*n))
+        {
+            changes.push(format!("rename to {name:?}"));
+        }
+        if let Some(enabled) = desired.enabled.filter(|e| *e != volume.enabled) {
+            changes.push(if enabled { "enable" } else { "disable" }.to_string());
+        }
+        if let Some(read_only) = desired.read_only.filter(|r| *r != volume.read_only) {
+            changes.push(if read_only { "read-only" } else { "read-write" }.to_string());
+            if before.is_some_and(|b| b.device.is_some()) {
+                self.warnings.push(
+                    "the read_only flag takes effect when the volume is next attached".into(),
+                );
+            }
+        }
+        let enabled_changed = desired.enabled.is_some_and(|e| e != volume.enabled);
+        let enabled_after = desired.enabled.unwrap_or(volume.enabled);
+        // As `enable` does: a flag that matches but that systemd has not
+        // seen (edited by hand, or a reload that failed) gets a reload.
+        let stale = !created
+            && !enabled_changed
+            && desired.enabled.is_some()
+            && self
+                .systemd
+                .is_some_and(|s| !systemd_agrees(s, &unit_name(&volume.id), enabled_after));
+        // Stopped first, like `disable --now`: a stop refused (the volume
+        // is mounted) then leaves the flags as they were, not half a change.
+        if desired.now && !enabled_after {
+            self.stop_if_running(&volume, before, created)?;
+        }
+        if !changes.is_empty() {
+            volume = self.set_flags(volume, created)?;
+            self.actions.extend(changes);
+        }
+        if stale {
+            self.actions.push("reload".into());
+        }
+        if (enabled_changed || created || stale) && !self.dry_run {
+            reload_if_reachable()?;
+        }
+        if desired.now && enabled_after {
+            self.start_unless_running(&volume, before, created)?;
+        }
+        Ok(volume)
+    }
+
+    /// Writes the flags under the registry lock, where a concurrent create
+    /// cannot take the name meanwhile. A dry run of a create has no entry
+    /// to write yet: its flags change in memory only.
+    fn set_flags(&self, mut volume: Volume, created: bool) -> Result<Volume> {
+        let desired = self.desired;
+        let apply_to = |volume: &mut Volume| {
+            if let Some(name) = &desired.name {
+                volume.name = Some(name.clone());
+            }
+            if let Some(enabled) = desired.enabled {
+                volume.enabled = enabled;
+            }
+            if let Some(read_only) = desired.read_only {
+                volume.read_only = read_only;
+            }
+        };
+        if self.dry_run && created {
+            apply_to(&mut volume);
+            return Ok(volume);
+        }
+        let registry = self.registry;
+        let _lock = registry.lock()?;
+        if let Some(name) = &desired.name {
+            registry.ensure_name_free(name, &volume.id)?;
+        }
+        // A dry run keeps what earlier steps planned (a size not written);
+        // a real one starts from what they wrote.
+        if !self.dry_run {
+            volume = registry.require(&volume.id)?;
+        }
+        apply_to(&mut volume);
+        volume.validate()?;
+        if !self.dry_run {
+            registry.put(&volume)?;
+        }
+        Ok(volume)
+    }
+
+    /// Whether the volume's backing file is attached, and whether its unit
+    /// is known to be active (`None`: systemd was not asked).
+    fn running(
+        &self,
+        volume: &Volume,
+        before: Option<&VolumeRecord>,
+        created: bool,
+    ) -> Result<(bool, Option<bool>)> {
+        let attached = if self.dry_run && created {
+            false
+        } else {
+            !attached_devices(self.registry, &volume.id)?.is_empty()
+        };
+        let unit_active = before
+            .filter(|b| b.active_state != UNKNOWN)
+            .map(|b| b.active_state == "active");
+        Ok((attached, unit_active))
+    }
+
+    /// `now` for an enabled volume: attached, its unit started.
+    fn start_unless_running(
+        &mut self,
+        volume: &Volume,
+        before: Option<&VolumeRecord>,
+        created: bool,
+    ) -> Result<()> {
+        let (attached, unit_active) = self.running(volume, before, created)?;
+        if attached && unit_active != Some(false) {
+            return Ok(());
+        }
+        if !self.dry_run {
+            // `settle` reloaded systemd after a create already.
+            bring_up_now(self.registry, &volume.id, false)?;
+        } else if created {
+            // Nothing to verify yet but what needs no file.
+            refuse_if_skipped(self.registry, &volume.id)?;
+        } else {
+            attach_planned(self.registry, &volume.id)?;
+        }
+        self.actions.push("start".into());
+        Ok(())
+    }
+
+    /// `now` for a disabled volume: its unit stopped, detached; refused
+    /// while something has it mounted.
+    fn stop_if_running(
+        &mut self,
+        volume: &Volume,
+        before: Option<&VolumeRecord>,
+        created: bool,
+    ) -> Result<()> {
+        let (attached, unit_active) = self.running(volume, before, created)?;
+        if !attached && unit_active != Some(true) {
+            return Ok(());
+        }
+        if self.dry_run {
+            refuse_if_in_use(self.registry, &volume.id)?;
+        } else {
+            bring_down_now(self.registry, &volume.id)?;
+        }
+        self.actions.push("stop".into());
+        Ok(())
+    }
+
+    fn remove(&mut self, volume: &Volume, before: Option<&VolumeRecord>) -> Result<()> {
+        let removed = remove::remove_volume(
+            self.registry,
+            &volume.id,
+            self.desired.name.as_deref(),
+            self.desired.delete_data,
+            self.dry_run,
+        )?;
+        if before.is_some_and(|b| b.device.is_some() || b.active_state == "active") {
+            self.actions.push("stop".into());
+        }
+        self.actions.push("remove".into());
+        if removed.data_deleted {
+            self.actions.push("delete-data".into());
+        }
+        Ok(())
+    }
+}
+
+fn describe_mode(mode: &Mode) -> String {
+    match mode {
+        Mode::Filesystem { fs_type, .. } => format!("filesystem ({fs_type})"),
+        Mode::Block => "block".into(),
+    }
+}

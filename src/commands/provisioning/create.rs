@@ -1,0 +1,542 @@
+//! `sparse-volume create`: a new backing file, formatted or partitioned,
+//! then registered — in an order where a crash at any point leaves
+//! either nothing or a hidden `.<UUID>.creating` file that `check`
+//! reports and `check --repair` removes.
+
+use std::fs::{self, DirBuilder, File, OpenOptions};
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context, Result};
+use nix::fcntl::{fallocate, renameat2, FallocateFlags, RenameFlags};
+use serde::Serialize;
+
+use crate::commands::report::{Failure, Outcome, Report};
+use crate::engine::activate::bring_up_now;
+use crate::engine::attach::sector_size_blocks_direct_io;
+
+use crate::engine::capacity;
+use crate::hooks::{self, Crash};
+use crate::kernel::block_device::backing_logical_block_size;
+use crate::kernel::files::sync_dir;
+use crate::registry::{check_path, check_size, Registry, Volume};
+use crate::volume::backing_file::open_backing_file;
+use crate::volume::creating_mark::{
+    clear_creating_mark, creating_path, has_creating_mark, set_creating_mark,
+};
+use crate::volume::filesystem::make_filesystem;
+use crate::volume::gpt_layout;
+use crate::volume::id::VolumeId;
+use crate::volume::probe::{expected_content, identifies, probe};
+use crate::volume::size::format_size;
+use crate::volume::spec::{FsType, Mode, DEFAULT_SECTOR_SIZE, SECTOR_SIZES};
+
+const MIB: u64 = 1 << 20;
+
+#[derive(Debug, Clone)]
+pub struct CreateRequest {
+    pub size: u64,
+    pub mode: Mode,
+    pub uuid: Option<VolumeId>,
+    pub name: Option<String>,
+    pub path: Option<PathBuf>,
+    pub preallocate: bool,
+    /// The logical sector size; by default the backing device's.
+    pub sector_size: Option<u32>,
+    /// Also attach it (and report the device).
+    pub now: bool,
+    /// Every check, nothing made: the report says what would be.
+    pub dry_run: bool,
+}
+
+#[derive(Debug, Serialize)]
+pub struct CreateReport {
+    pub changed: bool,
+    pub uuid: String,
+    pub path: PathBuf,
+    pub size: u64,
+    pub requested_size: u64,
+    pub mode: &'static str,
+    pub fs_type: Option<String>,
+    pub preallocated: bool,
+    /// The logical sector size the volume is made for.
+    pub sector_size: u32,
+    /// With `--now`: the loop device the volume is attached to.
+    pub device: Option<PathBuf>,
+    /// Set when an interrupted create was completed instead of a new one.
+    pub note: Option<String>,
+    pub warnings: Vec<String>,
+}
+
+impl Report for CreateReport {
+    fn warnings(&self) -> Vec<String> {
+        self.warnings.clone()
+    }
+
+    fn human(&self) -> String {
+        let what = if self.changed {
+            "created"
+        } else {
+            "already exists:"
+        };
+        let mut text = format!(
+            "{what} {} volume {} ({}) at {}",
+            self.mode,
+            self.uuid,
+            format_size(self.size),
+            self.path.display()
+        );
+        if self.size != self.requested_size {
+            text.push_str(&format!(
+                " (size rounded up from {} bytes to whole MiB)",
+                self.requested_size
+            ));
+        }
+        if let Some(device) = &self.device {
+            text.push_str(&format!(", attached as {}", device.display()));
+        }
+        if let Some(note) = &self.note {
+            text.push_str(&format!("; {note}"));
+        }
+        text
+    }
+}
+
+/// `create`: the volume, and with `--now` attached. A failed attach after
+/// a volume was made reports that volume as made.
+pub fn create(registry: &Registry, request: &CreateRequest) -> Outcome<CreateReport> {
+    let mut report = create_volume(registry, request).map_err(Failure::Unchanged)?;
+    if request.now && !request.dry_run {
+        let id: VolumeId = report
+            .uuid
+            .parse()
+            .map_err(|e: String| Failure::Unchanged(anyhow::anyhow!(e)))?;
+        let activation = bring_up_now(registry, &id, true).map_err(|error| {
+            if report.changed {
+                Failure::PartlyApplied {
+                    uuid: id,
+                    actions: vec!["create".into()],
+                    error,
+                }
+            } else {
+                Failure::Unchanged(error)
+            }
+        })?;
+        report.changed |= activation.changed;
+        report.device = activation.device;
+        report.note = Some(activation.how);
+    }
+    Ok(report)
+}
+
+/// Everything but `--now`, under the registry lock: the step `apply`
+/// composes.
+pub fn create_volume(registry: &Registry, request: &CreateRequest) -> Result<CreateReport> {
+    let root = registry.root();
+    if request.size == 0 {
+        bail!("the size must be greater than zero");
+    }
+    let size = round_up_to_mib(request.size)?;
+    let config = registry.provisioning_config()?;
+    let id = request
+        .uuid
+        .unwrap_or_else(|| VolumeId::new(uuid::Uuid::new_v4()));
+    let default_path = config.storage_roots[0].join(id.to_string());
+    let path = request.path.clone().unwrap_or(default_path);
+    check_path(&path, config).map_err(anyhow::Error::msg)?;
+    check_size(size).map_err(anyhow::Error::msg)?;
+    let backing_block_size = backing_logical_block_size(&root.host_path(&path));
+    let sector_size = request
+        .sector_size
+        .unwrap_or_else(|| default_sector_size(backing_block_size));
+    let warnings = backing_block_size
+        .filter(|_| config.direct_io)
+        .and_then(|backing| sector_size_blocks_direct_io(sector_size, backing))
+        .into_iter()
+        .collect::<Vec<_>>();
+
+    let volume = Volume {
+        id,
+        path: path.clone(),
+        size,
+        mode: request.mode.clone(),
+        enabled: true,
+        read_only: false,
+        direct_io: config.direct_io,
+        preallocated: request.preallocate,
+        name: request.name.clone(),
+        sector_size,
+    };
+    // The parser's own rules, before anything exists on disk.
+    volume.validate()?;
+    let report = |changed: bool, volume: &Volume, note: Option<String>| CreateReport {
+        changed,
+        uuid: volume.id.to_string(),
+        path: volume.path.clone(),
+        size: volume.size,
+        requested_size: request.size,
+        mode: volume.mode.name(),
+        fs_type: volume.mode.fs_type_name(),
+        preallocated: volume.preallocated,
+        sector_size: volume.sector_size,
+        device: None,
+        note,
+        warnings: if changed {
+            warnings.clone()
+        } else {
+            Vec::new()
+        },
+    };
+
+    // One lock around the whole decision and the work: concurrent creates
+    // must see each other's space, and two creates of one UUID must not
+    // both format.
+    let _lock = registry.lock()?;
+    if let Some(name) = &request.name {
+        if let Some(named) = registry.volume_named(name)?.filter(|v| v.id != id) {
+            // Without a UUID, the name is the identity: the same spec again
+            // is the same volume, as a repeated create by UUID is.
+            if request.uuid.is_some() {
+                registry.ensure_name_free(name, &id)?;
+            }
+            ensure_same_spec(&named, request, size)
+                .with_context(|| format!("the name {name:?} is volume {}", named.id))?;
+            if !request.dry_run {
+                clear_creating_mark(&root.host_path(&named.path))?;
+            }
+            return Ok(report(false, &named, None));
+        }
+        registry.ensure_name_free(name, &id)?;
+    }
+    if let Some(existing) = registry.get(&id)? {
+        ensure_same_spec(&existing, request, size)?;
+        // A create killed after registering but before unmarking, now
+        // repeated: the mark must not outlive it.
+        if !request.dry_run {
+            clear_creating_mark(&root.host_path(&existing.path))?;
+        }
+        return Ok(report(false, &existing, None));
+    }
+
+    let host_path = root.host_path(&path);
+    let directory = host_path
+        .parent()
+        .context("the backing file path has no directory")?
+        .to_path_buf();
+    if fs::symlink_metadata(&host_path).is_ok() {
+        adopt_interrupted(&host_path, &volume)?;
+        if request.dry_run {
+            return Ok(report(
+                true,
+                &volume,
+                Some("would complete an interrupted create".into()),
+            ));
+        }
+        registry.put(&volume)?;
+        clear_creating_mark(&host_path)?;
+        return Ok(report(
+            true,
+            &volume,
+            Some("completed an interrupted create".into()),
+        ));
+    }
+
+    if request.dry_run {
+        // The directory is not made; the file system it would be made on
+        // is the one its nearest existing ancestor is on.
+        let existing = directory
+            .ancestors()
+            .find(|d| d.is_dir())
+            .context("no directory of the backing file path exists")?;
+        let capacity = capacity::measure(&registry, existing, None)?;
+        capacity::ensure_fits(&capacity, size, &directory)?;
+        return Ok(report(true, &volume, None));
+    }
+    DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(&directory)
+        .with_context(|| format!("creating {}", directory.display()))?;
+    let capacity = capacity::measure(&registry, &directory, None)?;
+    capacity::ensure_fits(&capacity, size, &directory)?;
+
+    let temporary = creating_path(&host_path);
+    remove_stale_temporary(&registry, &temporary)?;
+    make_backing_file(&temporary, &volume)?;
+    hooks::crash_at(Crash::CreateBeforeRename);
+    // NOREPLACE: never clobber a file that appeared meanwhile.
+    renameat2(
+        None,
+        &temporary,
+        None,
+        &host_path,
+        RenameFlags::RENAME_NOREPLACE,
+    )
+    .with_context(|| {
+        format!(
+            "renaming {} to {}",
+            temporary.display(),
+            host_path.display()
+        )
+    })?;
+    sync_dir(&directory)?;
+    hooks::crash_at(Crash::CreateBeforeRegistry);
+    registry.put(&volume)?;
+    hooks::crash_at(Crash::CreateBeforeUnmark);
+    clear_creating_mark(&host_path)?;
+    Ok(report(true, &volume, None))
+}
+
+fn ensure_same_spec(existing: &Volume, request: &CreateRequest, size: u64) -> Result<()> {
+    let mut differences = Vec::new();
+    if existing.size != size {
+        differences.push(format!(
+            "size {} (asked {})",
+            format_size(existing.size),
+            format_size(size)
+        ));
+    }
+    let (fs_type, mkfs_options) = match &request.mode {
+        Mode::Filesystem {
+            fs_type,
+            mkfs_options,
+        } => (Some(*fs_type), Some(mkfs_options.as_slice())),
+        Mode::Block => (None, None),
+    };
+    differences.extend(spec_differences(
+        existing,
+        &AskedSpec {
+            mode: Some(request.mode.name()),
+            fs_type,
+            mkfs_options,
+            path: request.path.as_deref(),
+            preallocate: Some(request.preallocate),
+            sector_size: request.sector_size,
+        },
+    ));
+    if request.name.is_some() && request.name != existing.name {
+        differences.push("name".to_string());
+    }
+    if differences.is_empty() {
+        return Ok(());
+    }
+    let hint = if existing.size < size && differences.len() == 1 {
+        "; use `sparse-volume resize` to grow it"
+    } else {
+        ""
+    };
+    bail!(
+        "the volume already exists with a different spec: {}{hint}",
+        differences.join(", ")
+    )
+}
+
+/// What a caller asks of a volume that exists already, beyond its size
+/// and name; `None` means "as it is".
+pub struct AskedSpec<'a> {
+    pub mode: Option<&'static str>,
+    pub fs_type: Option<FsType>,
+    /// Empty asks for nothing in particular.
+    pub mkfs_options: Option<&'a [String]>,
+    pub path: Option<&'a Path>,
+    pub preallocate: Option<bool>,
+    pub sector_size: Option<u32>,
+}
+
+/// The properties fixed when a volume was made (no command changes them)
+/// in which it differs from what is asked, one phrase each.
+pub fn spec_differences(existing: &Volume, asked: &AskedSpec) -> Vec<String> {
+    let mut differences = Vec::new();
+    if let Some(mode) = asked.mode.filter(|m| *m != existing.mode.name()) {
+        differences.push(format!("mode {} (asked {mode})", existing.mode.name()));
+    }
+    if let Mode::Filesystem {
+        fs_type,
+        mkfs_options,
+    } = &existing.mode
+    {
+        if let Some(asked_type) = asked.fs_type.filter(|t| t != fs_type) {
+            differences.push(format!("file system {fs_type} (asked {asked_type})"));
+        }
+        if asked
+            .mkfs_options
+            .is_some_and(|o| !o.is_empty() && o != mkfs_options.as_slice())
+        {
+            differences.push("mkfs options".to_string());
+        }
+    }
+    if existing.mode.is_block()
+        && asked.mode.is_none()
+        && (asked.fs_type.is_some() || asked.mkfs_options.is_some_and(|o| !o.is_empty()))
+    {
+        differences.push("mode block (asked a file system)".to_string());
+    }
+    if let Some(path) = asked.path.filter(|p| *p != existing.path) {
+        differences.push(format!(
+            "path {} (asked {})",
+            existing.path.display(),
+            path.display()
+        ));
+    }
+    if asked
+        .preallocate
+        .is_some_and(|p| p != existing.preallocated)
+    {
+        differences.push(format!("preallocated = {}", existing.preallocated));
+    }
+    if let Some(sector_size) = asked.sector_size.filter(|s| *s != existing.sector_size) {
+        differences.push(format!(
+            "sector size {} (asked {sector_size})",
+            existing.sector_size
+        ));
+    }
+    differences
+}
+
+/// A file at the final path but no registry entry: a create that crashed
+/// after its rename. Adopt it only if it still carries the creating mark
+/// and is exactly what we would have made; anything else is someone's
+/// data and is never touched.
+fn adopt_interrupted(host_path: &Path, volume: &Volume) -> Result<()> {
+    if !has_creating_mark(host_path) {
+        bail!(
+            "{} already exists; create never overwrites a file (use `sparse-volume register` to adopt it)",
+            host_path.display()
+        );
+    }
+    let file = open_backing_file(host_path, true)?;
+    let content = probe(&file)?;
+    let length = file.metadata()?.len();
+    let expected = identifies(&content, &volume.mode, volume.id.uuid())
+        && content.works_with_sector_size(volume.sector_size);
+    if !expected || length != volume.size {
+        bail!(
+            "{} already exists and holds {}; create never overwrites a file (use `sparse-volume register` to adopt it)",
+            host_path.display(),
+            content.describe()
+        );
+    }
+    Ok(())
+}
+
+/// A leftover of an earlier crash of this same create: never renamed, so
+/// only ours if no registry file (valid or not) names it; we hold the
+/// registry lock, so none can start to.
+fn remove_stale_temporary(registry: &Registry, temporary: &Path) -> Result<()> {
+    if fs::symlink_metadata(temporary).is_err() {
+        return Ok(());
+    }
+    if registry
+        .named_backing_files()?
+        .iter()
+        .any(|named| named == temporary)
+    {
+        bail!(
+            "{} is named by a registry file; not removing it",
+            temporary.display()
+        );
+    }
+    fs::remove_file(temporary).with_context(|| format!("removing stale {}", temporary.display()))
+}
+
+fn make_backing_file(temporary: &Path, volume: &Volume) -> Result<()> {
+    let file = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .custom_flags(libc::O_CLOEXEC | libc::O_NOFOLLOW)
+        .open(temporary)
+        .with_context(|| format!("creating {}", temporary.display()))?;
+    // From here on the file is ours (made with O_EXCL under the registry
+    // lock): a failure must not leave it for `check` to find.
+    fill_backing_file(&file, temporary, volume).inspect_err(|_| {
+        let _ = fs::remove_file(temporary);
+    })
+}
+
+fn fill_backing_file(file: &File, temporary: &Path, volume: &Volume) -> Result<()> {
+    set_creating_mark(file, &volume.id);
+    allocate(file, volume.size, volume.preallocated)
+        .with_context(|| format!("sizing {}", temporary.display()))?;
+    hooks::crash_at(Crash::CreateAfterAllocate);
+    match &volume.mode {
+        Mode::Filesystem {
+            fs_type,
+            mkfs_options,
+        } => {
+            make_filesystem(
+                temporary,
+                *fs_type,
+                volume.id.uuid(),
+                volume.sector_size,
+                mkfs_options,
+            )?;
+            // An mkfs option can pick blocks or sectors smaller than the
+            // volume's sectors: such a file system would never mount.
+            let content = probe(file)?;
+            // An mkfs option (-U, -m uuid=) can override the UUID: such a
+            // volume would never attach under its own name.
+            if !identifies(&content, &volume.mode, volume.id.uuid()) {
+                bail!(
+                    "mkfs made {}, not {}; the mkfs options must not set the UUID",
+                    content.describe(),
+                    expected_content(&volume.mode, volume.id.uuid())
+                );
+            }
+            if !content.works_with_sector_size(volume.sector_size) {
+                bail!(
+                    "mkfs made {}, which does not mount on the volume's {}-byte sectors; check the mkfs options",
+                    content.sector_requirement(),
+                    volume.sector_size
+                );
+            }
+        }
+        Mode::Block => {
+            gpt_layout::write_new(file, volume.id.uuid(), volume.sector_size)
+                .with_context(|| format!("partitioning {}", temporary.display()))?;
+        }
+    }
+    hooks::crash_at(Crash::CreateAfterFormat);
+    file.sync_all()
+        .with_context(|| format!("syncing {}", temporary.display()))
+}
+
+/// Whole MiB, refusing sizes where rounding up would wrap around.
+pub fn round_up_to_mib(size: u64) -> Result<u64> {
+    size.checked_next_multiple_of(MIB)
+        .with_context(|| format!("size {size} is too large"))
+}
+
+/// The backing device's logical block size, so that the loop device can
+/// use direct I/O (the smallest supported size at least that large);
+/// 512 when no block device is behind the storage (tmpfs, overlay, …).
+fn default_sector_size(backing_block_size: Option<u32>) -> u32 {
+    let Some(backing) = backing_block_size else {
+        tracing::debug!(
+            "the storage's block device is unknown (tmpfs, overlay, network or btrfs); \
+             using {DEFAULT_SECTOR_SIZE}-byte sectors"
+        );
+        return DEFAULT_SECTOR_SIZE;
+    };
+    SECTOR_SIZES
+        .iter()
+        .copied()
+        .find(|&size| size >= backing)
+        .unwrap_or(SECTOR_SIZES[SECTOR_SIZES.len() - 1])
+}
+
+/// Sparse (`ftruncate`) or reserved (`fallocate`) up to `size`.
+pub fn allocate(file: &File, size: u64, preallocate: bool) -> Result<()> {
+    if preallocate {
+        let length = i64::try_from(size).context("size too large")?;
+        fallocate(
+            std::os::fd::AsRawFd::as_raw_fd(file),
+            FallocateFlags::empty(),
+            0,
+            length,
+        )
+        .context("reserving space with fallocate")?;
+    }
+    file.set_len(size).context("setting the file size")
+}

@@ -1,0 +1,208 @@
+//! `sparse-volume register`: adopt an existing backing file (for example
+//! one an older config-management setup made) after checking its content
+//! carries the volume UUID.
+
+use std::path::PathBuf;
+
+use anyhow::{bail, Result};
+use serde::Serialize;
+
+use crate::commands::report::{Failure, Outcome, Report};
+
+use crate::kernel::block_device::backing_logical_block_size;
+use crate::registry::{check_path, check_size, Registry, Volume};
+use crate::volume::backing_file::open_backing_file;
+use crate::volume::id::VolumeId;
+use crate::volume::probe::{identifies, probe, Content};
+use crate::volume::spec::{FsType, Mode, DEFAULT_SECTOR_SIZE};
+
+/// What the caller says the file holds; left open is read from it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RegisterMode {
+    /// A file system; its type is detected when not given.
+    Filesystem(Option<FsType>),
+    Block,
+}
+
+#[derive(Debug, Clone)]
+pub struct RegisterRequest {
+    pub uuid: VolumeId,
+    pub path: PathBuf,
+    pub mode: RegisterMode,
+    pub name: Option<String>,
+    /// Every check, nothing registered.
+    pub dry_run: bool,
+    /// Detected from the content when not given; refused when the content
+    /// does not read with it.
+    pub sector_size: Option<u32>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct RegisterReport {
+    pub changed: bool,
+    pub uuid: String,
+    pub path: PathBuf,
+    pub size: u64,
+    pub mode: &'static str,
+    pub fs_type: Option<String>,
+    pub sector_size: u32,
+}
+
+impl Report for RegisterReport {
+    fn human(&self) -> String {
+        if self.changed {
+            format!(
+                "registered {} ({} bytes at {})",
+                self.uuid,
+                self.size,
+                self.path.display()
+            )
+        } else {
+            format!(
+                "{} is already registered for {}",
+                self.uuid,
+                self.path.display()
+            )
+        }
+    }
+}
+
+pub fn register(registry: &Registry, request: &RegisterRequest) -> Outcome<RegisterReport> {
+    adopt(registry, request).map_err(Failure::Unchanged)
+}
+
+/// Checks the file and writes its entry, under the registry lock; nothing
+/// changes until the entry is written.
+fn adopt(registry: &Registry, request: &RegisterRequest) -> Result<RegisterReport> {
+    let root = registry.root();
+    let config = registry.provisioning_config()?;
+    check_path(&request.path, config).map_err(anyhow::Error::msg)?;
+    let id = request.uuid;
+    let report = |changed, volume: &Volume| RegisterReport {
+        changed,
+        uuid: id.to_string(),
+        path: volume.path.clone(),
+        size: volume.size,
+        mode: volume.mode.name(),
+        fs_type: volume.mode.fs_type_name(),
+        sector_size: volume.sector_size,
+    };
+
+    let _lock = registry.lock()?;
+    if let Some(existing) = registry.get(&id)? {
+        let same_name = request.name.is_none() || request.name == existing.name;
+        if existing.path == request.path && same_spec(&existing, request) && same_name {
+            return Ok(report(false, &existing));
+        }
+        if !same_name {
+            bail!(
+                "the volume is already registered, named {:?} (rename it with `sparse-volume apply --uuid {id} --name NEW`)",
+                existing.name.as_deref().unwrap_or_default()
+            );
+        }
+        bail!(
+            "the volume is already registered as a {} volume at {}",
+            existing.mode.name(),
+            existing.path.display()
+        );
+    }
+
+    if let Some(name) = &request.name {
+        registry.ensure_name_free(name, &id)?;
+    }
+    let host_path = root.host_path(&request.path);
+    let file = open_backing_file(&host_path, true)?;
+    let size = file.metadata()?.len();
+    check_size(size)
+        .map_err(|reason| anyhow::anyhow!("backing file {}: {reason}", host_path.display()))?;
+    let content = probe(&file)?;
+    let mode = adopted_mode(&content, request.mode)
+        .map_err(|what| anyhow::anyhow!("backing file {} holds {what}", host_path.display()))?;
+    if !identifies(&content, &mode, id.uuid()) {
+        bail!(
+            "backing file {} holds {}, which does not carry the volume UUID",
+            host_path.display(),
+            content.describe()
+        );
+    }
+    let sector_size = adopted_sector_size(&content, request.sector_size, &host_path)?;
+
+    let volume = Volume {
+        id,
+        path: request.path.clone(),
+        size,
+        mode,
+        enabled: true,
+        read_only: false,
+        direct_io: config.direct_io,
+        preallocated: false,
+        name: request.name.clone(),
+        sector_size,
+    };
+    volume.validate()?;
+    if request.dry_run {
+        return Ok(report(true, &volume));
+    }
+    registry.put(&volume)?;
+    // An adopted file that still carries a create's mark must not look
+    // like a leftover to `check --repair`.
+    crate::volume::creating_mark::clear_creating_mark(&host_path)?;
+    Ok(report(true, &volume))
+}
+
+/// A repeated register is a no-op when it asks for nothing else than what
+/// is registered (what it leaves open was detected the first time).
+fn same_spec(existing: &Volume, request: &RegisterRequest) -> bool {
+    let mode = match (&existing.mode, request.mode) {
+        (Mode::Block, RegisterMode::Block) => true,
+        (Mode::Filesystem { fs_type, .. }, RegisterMode::Filesystem(asked)) => {
+            asked.is_none_or(|asked| asked == *fs_type)
+        }
+        _ => false,
+    };
+    mode && request
+        .sector_size
+        .is_none_or(|asked| asked == existing.sector_size)
+}
+
+/// The mode to register: the file system type is what the content holds
+/// unless the caller named one; a named type that differs is refused
+/// with what was found (`Err` completes "backing file … holds …").
+fn adopted_mode(content: &Content, asked: RegisterMode) -> Result<Mode, String> {
+    let found = match content {
+        Content::Filesystem { fs_type, .. } => Some(*fs_type),
+        _ => None,
+    };
+    match (asked, found) {
+        (RegisterMode::Block, _) => Ok(Mode::Block),
+        (RegisterMode::Filesystem(Some(asked)), Some(found)) if asked != found => {
+            Err(format!("an {found} file system, not {asked}"))
+        }
+        (RegisterMode::Filesystem(asked), found) => Ok(Mode::Filesystem {
+            // Without a file system, `identifies` refuses whatever we say.
+            fs_type: asked.or(found).unwrap_or(FsType::Ext4),
+            mkfs_options: Vec::new(),
+        }),
+    }
+}
+
+/// The sector size the content was made for, or the one asked for if the
+/// content reads with it.
+fn adopted_sector_size(
+    content: &Content,
+    asked: Option<u32>,
+    host_path: &std::path::Path,
+) -> Result<u32> {
+    match asked {
+        Some(size) if !content.works_with_sector_size(size) => bail!(
+            "backing file {} holds {}, which does not read with {size}-byte sectors",
+            host_path.display(),
+            content.sector_requirement()
+        ),
+        Some(size) => Ok(size),
+        None => {
+            let backing = backing_logical_block_size(host_path).unwrap_or(DEFAULT_SECTOR_SIZE);
+            Ok(content.preferred_sector_size(backing))
+        }
+    }
+}

@@ -1,0 +1,253 @@
+//! `sparse-volume resize U --size S`: grow only. The new size reaches the
+//! registry last, after the file, the loop device, the partition and the
+//! file system all grew, so the registry never records a size that was
+//! not applied. An interrupted resize is finished by running it again.
+
+use std::fs::File;
+use std::os::unix::fs::MetadataExt;
+use std::path::Path;
+
+use anyhow::{bail, Context, Result};
+use serde::Serialize;
+
+use crate::commands::report::{Failure, Outcome, Report};
+
+use crate::commands::provisioning::create::{allocate, round_up_to_mib};
+use crate::engine::capacity;
+use crate::engine::detach::detach_device;
+use crate::hooks::{self, Crash};
+use crate::kernel::holders::mounts_of_loop;
+use crate::kernel::loop_device::{self, BindOptions, LoopDevice};
+use crate::registry::paths::SystemRoot;
+use crate::registry::{check_size, Registry, Volume};
+use crate::volume::backing_file::open_backing_file;
+use crate::volume::filesystem::{
+    grow_mounted_ext4, grow_mounted_xfs, grow_unmounted_ext4, grow_unmounted_xfs,
+};
+use crate::volume::gpt_layout;
+use crate::volume::growing_mark::clear_growing_mark;
+use crate::volume::id::VolumeId;
+use crate::volume::size::format_size;
+use crate::volume::spec::{FsType, Mode};
+
+#[derive(Debug, Serialize)]
+pub struct ResizeReport {
+    pub changed: bool,
+    pub uuid: String,
+    pub old_size: u64,
+    pub size: u64,
+    /// Loop devices whose capacity was refreshed.
+    pub devices: Vec<String>,
+}
+
+impl Report for ResizeReport {
+    fn human(&self) -> String {
+        if self.changed {
+            format!(
+                "grew {} from {} to {}",
+                self.uuid,
+                format_size(self.old_size),
+                format_size(self.size)
+            )
+        } else {
+            format!("{} already has {}", self.uuid, format_size(self.size))
+        }
+    }
+}
+
+/// With `dry_run`, every check runs (under the same locks) and nothing
+/// grows.
+pub fn resize(
+    registry: &Registry,
+    id: &VolumeId,
+    requested: u64,
+    dry_run: bool,
+) -> Outcome<ResizeReport> {
+    grow(registry, id, requested, dry_run).map_err(Failure::Unchanged)
+}
+
+/// [`resize`] as a step of `apply`.
+pub fn grow(
+    registry: &Registry,
+    id: &VolumeId,
+    requested: u64,
+    dry_run: bool,
+) -> Result<ResizeReport> {
+    let root = registry.root();
+    let size = round_up_to_mib(requested)?;
+    check_size(size).map_err(anyhow::Error::msg)?;
+    let _lock = registry.lock()?;
+    // Lock order registry → volume, as everywhere: no attach, detach or
+    // repair touches the file or its device while it grows (an offline
+    // e2fsck/resize2fs, or the temporary xfs device, must not race them).
+    let _volume_lock = Registry::volume_lock(root, id)?;
+    let mut volume = registry.require(id)?;
+    let old_size = volume.size;
+    if size < old_size {
+        bail!(
+            "shrinking is not supported ({} is smaller than the current {}); data would be lost",
+            format_size(size),
+            format_size(old_size)
+        );
+    }
+    let report = |changed, devices| ResizeReport {
+        changed,
+        uuid: id.to_string(),
+        old_size,
+        size,
+        devices,
+    };
+    if size == old_size {
+        return Ok(report(false, Vec::new()));
+    }
+    if volume.read_only {
+        bail!("the volume is read-only; make it writable before growing it");
+    }
+
+    let host_path = root.host_path(&volume.path);
+    let file = open_backing_file(&host_path, false)?;
+    let directory = host_path
+        .parent()
+        .context("the backing file has no directory")?;
+    let allocated = file.metadata()?.blocks() * 512;
+    let capacity = capacity::measure(&registry, directory, Some(id))?;
+    capacity::ensure_fits(&capacity, size.saturating_sub(allocated), directory)?;
+
+    // Grown through one device while a consumer has it mounted through
+    // another, e2fsck and an offline resize2fs would write to a live file
+    // system; and the kernel would then write its old size back.
+    let devices = loop_device::devices_backed_by(&host_path)?;
+    if devices.len() > 1 {
+        bail!(
+            "the backing file is attached through {} loop devices ({}); `sparse-volume check --repair` removes the extra ones, then resize again",
+            devices.len(),
+            devices
+                .iter()
+                .map(|&n| LoopDevice::path_of(n).display().to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+    }
+
+    if dry_run {
+        return Ok(report(true, device_paths(&devices)));
+    }
+    if file.metadata()?.len() < size {
+        allocate(&file, size, volume.preallocated)?;
+        file.sync_all().context("syncing the grown backing file")?;
+    }
+    hooks::crash_at(Crash::ResizeAfterFile);
+
+    for &number in &devices {
+        LoopDevice::open(number, false)?.refresh_capacity()?;
+        // Older kernels recompute the discard limit when the capacity
+        // changes; a preallocated volume must keep refusing discards.
+        if volume.preallocated {
+            loop_device::forbid_discards(number)?;
+        }
+    }
+    match &volume.mode {
+        Mode::Block => grow_partition(&file, &volume, &devices)?,
+        Mode::Filesystem { fs_type, .. } => {
+            grow_filesystem(root, &volume, *fs_type, &file, &host_path, &devices)?
+        }
+    }
+    hooks::crash_at(Crash::ResizeBeforeRegistry);
+
+    volume.size = size;
+    registry.put(&volume)?;
+    Ok(report(true, device_paths(&devices)))
+}
+
+fn device_paths(devices: &[u32]) -> Vec<String> {
+    devices
+        .iter()
+        .map(|&n| LoopDevice::path_of(n).display().to_string())
+        .collect()
+}
+
+fn grow_partition(file: &File, volume: &Volume, devices: &[u32]) -> Result<()> {
+    let extent = gpt_layout::grow_to_end(file, volume.id.uuid(), volume.sector_size)?;
+    // The loop device may read the file with direct I/O: the new table
+    // must be on disk, not only in the page cache, before the kernel uses it.
+    file.sync_all().context("syncing the partition table")?;
+    for &number in devices {
+        // The table was rewritten behind the device's back: while anyone
+        // holds the device open, its page cache still has the old one.
+        LoopDevice::open(number, false)?.flush_buffers()?;
+        // Kernels without partition support never made the partition.
+        if Path::new(&format!("/sys/block/loop{number}/loop{number}p1")).exists() {
+            LoopDevice::open(number, false)?.resize_partition(
+                1,
+                extent.start_bytes(),
+                extent.length_bytes(),
+            )?;
+        }
+    }
+    Ok(())
+}
+
+fn grow_filesystem(
+    root: &SystemRoot,
+    volume: &Volume,
+    fs_type: FsType,
+    file: &File,
+    host_path: &Path,
+    devices: &[u32],
+) -> Result<()> {
+    let attached = devices.first().copied();
+    let mounted =
+        attached.and_then(|n| mounts_of_loop(n).into_iter().next().map(|(_, point)| point));
+    match (fs_type, attached, mounted) {
+        (FsType::Ext4, Some(number), Some(_)) => {
+            grow_mounted_ext4(&LoopDevice::path_of(number))?;
+            // The kernel grew it whole: an old mark vouches for nothing now.
+            clear_growing_mark(file)
+        }
+        (FsType::Ext4, Some(number), None) => {
+            grow_unmounted_ext4(&LoopDevice::path_of(number), file)
+        }
+        (FsType::Ext4, None, _) => grow_unmounted_ext4(host_path, file),
+        (FsType::Xfs, _, Some(point)) => grow_mounted_xfs(&point),
+        (FsType::Xfs, Some(number), None) => grow_xfs_privately_mounted(root, number),
+        (FsType::Xfs, None, None) => {
+            // xfs grows only while mounted: attach for the duration.
+            let bound = loop_device::bind_to_free_device(
+                file,
+                &BindOptions {
+                    read_only: false,
+                    partition_scan: false,
+                    direct_io: false,
+                    block_size: volume.sector_size,
+                    reference: volume.id.loop_reference(),
+                    discard: !volume.preallocated,
+                },
+            )?;
+            // Read while bound: a preallocated volume's device refuses
+            // discards, and the number must not keep that once released.
+            let discard_limits = loop_device::DiscardLimits::of(bound.number);
+            // Killed from here on, this process must not leave the file
+            // attached: the last close (ours, or that of the grow's
+            // private mount) releases the device.
+            let grown =
+                loop_device::release_at_last_close(bound.number, file).and_then(|_holder| {
+                    hooks::crash_at(Crash::ResizeXfsDeviceBound);
+                    grow_xfs_privately_mounted(root, bound.number)
+                });
+            // Usually the release came first and detach finds nothing
+            // left to do, nor to renew.
+            let detached = detach_device(bound.number, bound.status.backing());
+            let renewed = loop_device::renew_if_discards_left_off(bound.number, discard_limits);
+            grown.and(detached).and(renewed)
+        }
+    }
+}
+
+/// The mount point is shared by every grow and never removed: each mount
+/// lives in its own tool's mount namespace (mkfs::grow_unmounted_xfs).
+fn grow_xfs_privately_mounted(root: &SystemRoot, number: u32) -> Result<()> {
+    let mount_point = root.run_dir().join("grow");
+    std::fs::create_dir_all(&mount_point)
+        .with_context(|| format!("creating {}", mount_point.display()))?;
+    grow_unmounted_xfs(&LoopDevice::path_of(number), &mount_point)
+}

@@ -1,0 +1,31 @@
+//! `sparse-volume detach U`: what the unit's ExecStop does (the engine's
+//! detach), usable by hand, and its dry run.
+
+use crate::commands::report::{Failure, Outcome, Report};
+use crate::engine::detach::{self, DetachReport};
+use crate::registry::Registry;
+use crate::volume::id::VolumeId;
+
+/// A failed detach reports what it could not release; what it released
+/// before is no longer attached, which the next detach reports as such.
+pub fn detach(registry: &Registry, id: &VolumeId) -> Outcome<DetachReport> {
+    detach::detach(registry, id).map_err(Failure::Unchanged)
+}
+
+pub fn plan_detach(registry: &Registry, id: &VolumeId) -> Outcome<DetachReport> {
+    detach::plan_detach(registry, id).map_err(Failure::Unchanged)
+}
+
+impl Report for DetachReport {
+    fn human(&self) -> String {
+        if self.devices.is_empty() {
+            return format!("{} is not attached", self.uuid);
+        }
+        let devices: Vec<_> = self
+            .devices
+            .iter()
+            .map(|d| d.display().to_string())
+            .collect();
+        format!("detached {} ({})", self.uuid, devices.join(", "))
+    }
+}

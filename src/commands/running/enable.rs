@@ -1,0 +1,179 @@
+//! `sparse-volume enable U [--now]` / `disable U [--now]`: the registry's
+//! `enabled` flag (what the generator turns into a boot-time wants link),
+//! a daemon-reload so systemd sees it, and with `--now` the unit itself.
+
+use anyhow::{Context, Result};
+use serde::Serialize;
+
+use crate::commands::report::{Failure, Outcome, Report};
+use crate::engine::activate::{
+    attached_devices, refuse_if_in_use, start_attached, stop_detached, systemd_agrees, UnitOutcome,
+};
+use crate::engine::attach::attach_planned;
+use crate::registry::Registry;
+use crate::systemd::{unit_name, Systemd};
+use crate::volume::id::VolumeId;
+
+#[derive(Debug, Serialize)]
+pub struct EnableReport {
+    /// The registry flag changed, systemd was reloaded, or (with `--now`)
+    /// the unit was started or stopped.
+    pub changed: bool,
+    pub uuid: String,
+    pub unit: String,
+    pub enabled: bool,
+    /// systemd was reloaded (the flag changed, or systemd's view of the
+    /// unit disagreed with the registry).
+    pub reloaded: bool,
+    /// With `--now`: the start/stop job's result, null when none was needed.
+    pub job_result: Option<String>,
+    /// With `--now`: the unit's state afterwards, else null.
+    pub active_state: Option<String>,
+    pub sub_state: Option<String>,
+}
+
+impl Report for EnableReport {
+    fn human(&self) -> String {
+        let what = if self.enabled { "enabled" } else { "disabled" };
+        let mut text = if self.changed {
+            format!("{} is {what}", self.uuid)
+        } else {
+            format!("{} was already {what}", self.uuid)
+        };
+        if let (Some(active), Some(sub)) = (&self.active_state, &self.sub_state) {
+            text.push_str(&format!("; {} is {active} ({sub})", self.unit));
+        }
+        text
+    }
+}
+
+pub fn enable(
+    registry: &Registry,
+    id: &VolumeId,
+    now: bool,
+    dry_run: bool,
+) -> Outcome<EnableReport> {
+    set_enabled(registry, id, true, now, dry_run).map_err(Failure::Unchanged)
+}
+
+pub fn disable(
+    registry: &Registry,
+    id: &VolumeId,
+    now: bool,
+    dry_run: bool,
+) -> Outcome<EnableReport> {
+    set_enabled(registry, id, false, now, dry_run).map_err(Failure::Unchanged)
+}
+
+fn set_enabled(
+    registry: &Registry,
+    id: &VolumeId,
+    enabled: bool,
+    now: bool,
+    dry_run: bool,
+) -> Result<EnableReport> {
+    // Check what can fail before changing anything: an unknown volume, or
+    // no systemd to tell about the change.
+    registry.require(id)?;
+    let systemd = Systemd::connect()?;
+    let unit = unit_name(id);
+    if dry_run {
+        return planned(registry, &systemd, id, enabled, now);
+    }
+    // disable --now stops first: a stop that fails (the volume is in use)
+    // then leaves the flag as it was, not half a change.
+    let stopped = if now && !enabled {
+        let deactivation = stop_detached(registry, Some(&systemd), id)?;
+        Some((deactivation.unit, deactivation.changed))
+    } else {
+        None
+    };
+
+    let flag_changed = {
+        let _lock = registry.lock()?;
+        let mut volume = registry.require(id)?;
+        let changed = volume.enabled != enabled;
+        if changed {
+            volume.enabled = enabled;
+            registry.put(&volume)?;
+        }
+        changed
+    };
+
+    // A reload reruns every generator, so skip it when systemd already
+    // agrees with the registry; but a flag edited by hand (or a reload
+    // that failed last time) still gets one.
+    let reloaded = flag_changed || !systemd_agrees(&systemd, &unit, enabled);
+    if reloaded {
+        tracing::info!("reloading systemd (daemon-reload) for {unit}");
+        systemd.reload().with_context(|| {
+            format!(
+                "the registry says enabled = {enabled}, but systemd does not know yet (run `systemctl daemon-reload`)"
+            )
+        })?;
+    }
+
+    let (outcome, unit_changed): (Option<UnitOutcome>, bool) = match (now, enabled) {
+        (false, _) => (None, false),
+        (true, true) => {
+            let activation = start_attached(registry, &systemd, id)?;
+            (activation.unit, activation.changed)
+        }
+        (true, false) => stopped.unwrap_or((None, false)),
+    };
+    let (job_result, active_state, sub_state) = match outcome {
+        Some(o) => (
+            o.job_result,
+            Some(o.state.active_state),
+            Some(o.state.sub_state),
+        ),
+        None => (None, None, None),
+    };
+    Ok(EnableReport {
+        changed: flag_changed || reloaded || unit_changed,
+        uuid: id.to_string(),
+        unit,
+        enabled,
+        reloaded,
+        job_result,
+        active_state,
+        sub_state,
+    })
+}
+
+/// What `set_enabled` would change, after the checks it runs first (the
+/// volume registered, systemd reachable; for a start, the content; for a
+/// stop, nothing holding the volume).
+fn planned(
+    registry: &Registry,
+    systemd: &Systemd,
+    id: &VolumeId,
+    enabled: bool,
+    now: bool,
+) -> Result<EnableReport> {
+    let unit = unit_name(id);
+    let flag_changed = registry.require(id)?.enabled != enabled;
+    let reloaded = flag_changed || !systemd_agrees(systemd, &unit, enabled);
+    let state = systemd.unit_state(&unit)?;
+    let unit_changes = match (now, enabled) {
+        (false, _) => false,
+        (true, true) => {
+            let attached = attach_planned(registry, id)?.is_some();
+            !attached || !state.is_active()
+        }
+        (true, false) => {
+            refuse_if_in_use(registry, id)?;
+            !state.is_inactive() || !attached_devices(registry, id)?.is_empty()
+        }
+    };
+    Ok(EnableReport {
+        changed: flag_changed || reloaded || unit_changes,
+        uuid: id.to_string(),
+        unit,
+        enabled,
+        reloaded,
+        job_result: None,
+        active_state: now.then(|| state.active_state.clone()),
+        sub_state: now.then_some(state.sub_state),
+    })
+}

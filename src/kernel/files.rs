@@ -1,0 +1,120 @@
+//! File primitives the registry and the engine rely on: atomic
+//! replacement of a file, durable renames, and exclusive advisory locks.
+
+use std::fs::{self, File, OpenOptions};
+use std::io::Write;
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result};
+use nix::fcntl::{Flock, FlockArg};
+
+/// Replaces `path` with `contents` so that a reader (or a crash) sees either
+/// the old file or the new one, never a mix: write a temporary file in the
+/// same directory, fsync it, rename it over the target, fsync the directory.
+pub fn write_atomically(path: &Path, contents: &[u8], mode: u32) -> Result<()> {
+    let dir = parent_dir(path)?;
+    // Hidden temporary name: registry readers skip dot files, and `check`
+    // can recognise leftovers of an interrupted write.
+    let mut temp = tempfile::Builder::new()
+        .prefix(".")
+        .suffix(".tmp")
+        .tempfile_in(dir)
+        .with_context(|| format!("creating a temporary file in {}", dir.display()))?;
+    temp.as_file()
+        .set_permissions(fs::Permissions::from_mode(mode))
+        .with_context(|| format!("setting the mode of a temporary file in {}", dir.display()))?;
+    temp.write_all(contents)
+        .and_then(|()| temp.as_file().sync_all())
+        .with_context(|| format!("writing a temporary file in {}", dir.display()))?;
+    temp.persist(path)
+        .map_err(|e| e.error)
+        .with_context(|| format!("renaming a temporary file to {}", path.display()))?;
+    sync_dir(dir)
+}
+
+/// Makes a rename or unlink in `dir` durable.
+pub fn sync_dir(dir: &Path) -> Result<()> {
+    File::open(dir)
+        .and_then(|d| d.sync_all())
+        .with_context(|| format!("syncing directory {}", dir.display()))
+}
+
+fn parent_dir(path: &Path) -> Result<&Path> {
+    path.parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .with_context(|| format!("{} has no parent directory", path.display()))
+}
+
+/// An exclusive `flock` held for as long as the value lives.
+#[derive(Debug)]
+pub struct ExclusiveLock {
+    _lock: Flock<File>,
+    path: PathBuf,
+}
+
+impl ExclusiveLock {
+    /// Blocks until the lock on `path` (created if missing) is ours.
+    pub fn acquire(path: &Path) -> Result<Self> {
+        if let Some(dir) = path.parent() {
+            fs::create_dir_all(dir)
+                .with_context(|| format!("creating lock directory {}", dir.display()))?;
+        }
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .mode(0o600)
+            .custom_flags(libc::O_CLOEXEC)
+            .open(path)
+            .with_context(|| format!("opening lock file {}", path.display()))?;
+        let lock = Flock::lock(file, FlockArg::LockExclusive)
+            .map_err(|(_, errno)| errno)
+            .with_context(|| format!("locking {}", path.display()))?;
+        Ok(Self {
+            _lock: lock,
+            path: path.to_path_buf(),
+        })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn atomic_write_replaces_and_leaves_no_temporary_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let target = dir.path().join("v.toml");
+        write_atomically(&target, b"one", 0o644).unwrap();
+        write_atomically(&target, b"two", 0o600).unwrap();
+        assert_eq!(fs::read(&target).unwrap(), b"two");
+        let mode = fs::metadata(&target).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o600);
+        let names: Vec<_> = fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(names, vec![std::ffi::OsString::from("v.toml")]);
+    }
+
+    #[test]
+    fn lock_excludes_a_second_holder_until_dropped() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("sub/lock");
+        let held = ExclusiveLock::acquire(&path).unwrap();
+        let probe = File::open(&path).unwrap();
+        let busy = Flock::lock(probe, FlockArg::LockExclusiveNonblock);
+        let probe = match busy {
+            Ok(_) => panic!("a second exclusive lock was granted"),
+            Err((file, _)) => file,
+        };
+        drop(held);
+        assert!(Flock::lock(probe, FlockArg::LockExclusiveNonblock).is_ok());
+    }
+}

@@ -1,0 +1,192 @@
+//! Waiting for the `/dev/disk/by-*` link udev makes for a volume.
+
+use std::os::fd::AsFd;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify};
+
+use crate::kernel::signals;
+
+/// udev's control socket exists exactly while systemd-udevd runs.
+pub const CONTROL_SOCKET: &str = "/run/udev/control";
+
+/// Whether udev runs, asked of its control socket (the caller says where
+/// it is: below `SPARSE_VOLUME_ROOT` a test can make attach wait for a
+/// link that never comes; the links themselves are the host's).
+pub fn is_running(control_socket: &Path) -> bool {
+    control_socket.exists()
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LinkOutcome {
+    /// The link resolves to the expected device.
+    Linked,
+    /// No udev on this system: nobody will make the link, so we did not wait.
+    NoUdev,
+    /// The timeout passed; the link was missing or pointed elsewhere.
+    TimedOut { points_to: Option<PathBuf> },
+    /// A stop was requested (see [`crate::kernel::signals`]) before either.
+    Stopped,
+}
+
+/// Waits until `link` resolves to `device`, waking when udev changes the
+/// link's directory. At boot a hundred attaches wait at once while udev
+/// works through their devices, on machines whose CPUs udev needs: a poll
+/// every 50 ms each was a path resolution 20 times a second per waiting
+/// volume. The link is still looked at every [`RECHECK`] in case an event
+/// is missed (a directory made or replaced while we wait).
+pub fn wait_for_link(
+    control_socket: &Path,
+    link: &Path,
+    device: &Path,
+    timeout: Duration,
+) -> LinkOutcome {
+    if signals::requested() {
+        return LinkOutcome::Stopped;
+    }
+    if !is_running(control_socket) {
+        return LinkOutcome::NoUdev;
+    }
+    let deadline = Instant::now() + timeout;
+    // Watching before the first look: a link made in between wakes us.
+    let mut watch = DirectoryWatch::new(link);
+    loop {
+        // A stop wins over a link that appears at the same moment.
+        if signals::requested() {
+            return LinkOutcome::Stopped;
+        }
+        let points_to = std::fs::canonicalize(link).ok();
+        if points_to.as_deref() == Some(device) {
+            return LinkOutcome::Linked;
+        }
+        let now = Instant::now();
+        if now >= deadline {
+            return LinkOutcome::TimedOut { points_to };
+        }
+        let remaining = deadline - now;
+        match watch.as_mut() {
+            Some(watch) => watch.wait(remaining.min(RECHECK)),
+            None => std::thread::sleep(remaining.min(UNWATCHED_POLL)),
+        }
+    }
+}
+
+/// The longest a waiting attach goes without looking at the link.
+const RECHECK: Duration = Duration::from_millis(500);
+/// How often the link is looked at when its directory cannot be watched
+/// (it does not exist yet: the first volume of its kind on this system).
+const UNWATCHED_POLL: Duration = Duration::from_millis(50);
+
+/// inotify on the directory a link lives in, for the changes udev makes
+/// there (it writes a link under a temporary name and renames it).
+struct DirectoryWatch {
+    inotify: Inotify,
+    directory: PathBuf,
+    watching: bool,
+}
+
+impl DirectoryWatch {
+    fn new(link: &Path) -> Option<Self> {
+        let directory = link.parent()?.to_path_buf();
+        let inotify = Inotify::init(InitFlags::IN_CLOEXEC | InitFlags::IN_NONBLOCK).ok()?;
+        let mut watch = Self {
+            inotify,
+            directory,
+            watching: false,
+        };
+        watch.try_watch();
+        Some(watch)
+    }
+
+    fn try_watch(&mut self) {
+        let changes = AddWatchFlags::IN_CREATE
+            | AddWatchFlags::IN_MOVED_TO
+            | AddWatchFlags::IN_DELETE
+            | AddWatchFlags::IN_MOVED_FROM;
+        self.watching = self.inotify.add_watch(&self.directory, changes).is_ok();
+    }
+
+    /// Returns after a change in the directory, after `timeout`, or when a
+    /// signal (a stop request) interrupts the wait.
+    fn wait(&mut self, timeout: Duration) {
+        if !self.watching {
+            // The directory may exist by now.
+            std::thread::sleep(timeout.min(UNWATCHED_POLL));
+            self.try_watch();
+            return;
+        }
+        let mut fds = [PollFd::new(self.inotify.as_fd(), PollFlags::POLLIN)];
+        let millis = u16::try_from(timeout.as_millis()).unwrap_or(u16::MAX);
+        if matches!(poll(&mut fds, PollTimeout::from(millis)), Ok(n) if n > 0) {
+            // Drained, so that the next wait sleeps until the next change.
+            while matches!(self.inotify.read_events(), Ok(events) if !events.is_empty()) {}
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn without_udev_nothing_waits() {
+        let dir = tempfile::tempdir().unwrap();
+        let outcome = wait_for_link(
+            &dir.path().join("run/udev/control"),
+            Path::new("/nonexistent/link"),
+            Path::new("/dev/null"),
+            Duration::from_secs(3600),
+        );
+        assert_eq!(outcome, LinkOutcome::NoUdev);
+    }
+
+    #[test]
+    fn a_link_renamed_into_place_ends_the_wait_before_its_timeout() {
+        let dir = tempfile::tempdir().unwrap();
+        let link = dir.path().join("by-uuid").join("volume");
+        std::fs::create_dir(link.parent().unwrap()).unwrap();
+        let mut watch = DirectoryWatch::new(&link).expect("a watch");
+        assert!(watch.watching);
+        let maker = {
+            let link = link.clone();
+            std::thread::spawn(move || {
+                std::thread::sleep(Duration::from_millis(50));
+                // As udev does: a temporary name, then a rename.
+                let temporary = link.with_file_name(".#volume");
+                std::os::unix::fs::symlink("/dev/null", &temporary).unwrap();
+                std::fs::rename(&temporary, &link).unwrap();
+            })
+        };
+        let timeout = Duration::from_secs(60);
+        let started = Instant::now();
+        watch.wait(timeout);
+        maker.join().unwrap();
+        assert!(
+            started.elapsed() < timeout,
+            "the wait ran into its timeout instead of waking at the rename"
+        );
+        assert!(link.exists());
+    }
+
+    #[test]
+    fn with_udev_a_link_is_followed() {
+        let dir = tempfile::tempdir().unwrap();
+        let control = dir.path().join("run/udev/control");
+        std::fs::create_dir_all(control.parent().unwrap()).unwrap();
+        std::fs::write(&control, "").unwrap();
+        let link = dir.path().join("link");
+        std::os::unix::fs::symlink("/dev/null", &link).unwrap();
+        assert_eq!(
+            wait_for_link(&control, &link, Path::new("/dev/null"), Duration::ZERO),
+            LinkOutcome::Linked
+        );
+        assert_eq!(
+            wait_for_link(&control, &link, Path::new("/dev/zero"), Duration::ZERO),
+            LinkOutcome::TimedOut {
+                points_to: Some(PathBuf::from("/dev/null"))
+            }
+        );
+    }
+}

@@ -1,0 +1,76 @@
+//! Opening a backing file safely: no symlinks, no special files, nothing
+//! another user could have written into.
+
+use std::fs::{File, OpenOptions};
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+use std::path::Path;
+
+use anyhow::{bail, Result};
+use nix::fcntl::{fcntl, FcntlArg, OFlag};
+
+/// Opens `path` for use as a loop backing file and checks the opened file
+/// (not the path, which could change under us) is a regular, root-owned
+/// file that neither group nor others can write.
+pub fn open_backing_file(path: &Path, read_only: bool) -> Result<File> {
+    let file = open_without_hanging(path, read_only).map_err(|e| describe_open_error(path, e))?;
+    let meta = file.metadata()?;
+    if !meta.file_type().is_file() {
+        bail!("backing file {} is not a regular file", path.display());
+    }
+    if meta.uid() != 0 {
+        bail!(
+            "backing file {} is owned by uid {}, not by root",
+            path.display(),
+            meta.uid()
+        );
+    }
+    if meta.mode() & 0o022 != 0 {
+        bail!(
+            "backing file {} is writable by group or others (mode {:04o})",
+            path.display(),
+            meta.mode() & 0o7777
+        );
+    }
+    fcntl(file.as_raw_fd(), FcntlArg::F_SETFL(OFlag::empty()))?;
+    Ok(file)
+}
+
+/// How often an open that met a lease being broken is tried again, a
+/// millisecond apart.
+const LEASE_BREAK_RETRIES: u32 = 200;
+
+/// O_NONBLOCK, so that a FIFO planted at the path cannot hang us (and
+/// O_NOCTTY, so that a terminal planted there cannot become ours). On a
+/// regular file it has one other effect: while another process holds a
+/// lease on the file, the open fails with `EWOULDBLOCK` instead of waiting
+/// for the lease to go. Attach holds one for two system calls (see
+/// `loop_device::held_elsewhere`), so that open is simply tried again.
+pub fn open_without_hanging(path: &Path, read_only: bool) -> std::io::Result<File> {
+    let mut retries = 0;
+    loop {
+        let opened = OpenOptions::new()
+            .read(true)
+            .write(!read_only)
+            .custom_flags(libc::O_CLOEXEC | libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_NOCTTY)
+            .open(path);
+        match opened {
+            Err(error)
+                if error.raw_os_error() == Some(libc::EWOULDBLOCK)
+                    && retries < LEASE_BREAK_RETRIES =>
+            {
+                retries += 1;
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
+            other => return other,
+        }
+    }
+}
+
+fn describe_open_error(path: &Path, error: std::io::Error) -> anyhow::Error {
+    match error.raw_os_error() {
+        Some(libc::ELOOP) => anyhow::anyhow!("backing file {} is a symbolic link", path.display()),
+        Some(libc::ENOENT) => anyhow::anyhow!("backing file {} does not exist", path.display()),
+        _ => anyhow::anyhow!("opening backing file {}: {error}", path.display()),
+    }
+}

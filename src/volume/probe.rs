@@ -1,0 +1,366 @@
+//! What a backing file or device holds, read from its first blocks:
+//! the identities sparse-volume relies on (ext4/xfs UUID, GPT partition
+//! GUIDs), never more.
+
+use std::fs::File;
+use std::os::unix::fs::FileExt;
+use std::path::Path;
+
+use anyhow::{Context, Result};
+use uuid::Uuid;
+
+use crate::volume::gpt_layout;
+use crate::volume::spec::{FsType, Mode};
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Content {
+    Filesystem {
+        fs_type: FsType,
+        uuid: Uuid,
+        /// The largest logical sector size it mounts on: ext4's block
+        /// size, xfs's sector size (`sb_sectsize`).
+        max_sector_size: u32,
+    },
+    /// A GPT; `partitions` are (number, unique partition GUID).
+    PartitionTable {
+        partitions: Vec<(u32, Uuid)>,
+        /// The sector size its LBAs count in: it is seen only on a device
+        /// with exactly these sectors.
+        sector_size: u32,
+    },
+    /// No signature we know (which is not proof of emptiness).
+    Unrecognised,
+}
+
+impl Content {
+    pub fn describe(&self) -> String {
+        match self {
+            Content::Filesystem { fs_type, uuid, .. } => {
+                format!("an {fs_type} file system with UUID {uuid}")
+            }
+            Content::PartitionTable { partitions, .. } => match partitions.first() {
+                Some((number, guid)) => format!("a GPT whose partition {number} has GUID {guid}"),
+                None => "a GPT without partitions".to_string(),
+            },
+            Content::Unrecognised => "no recognised file system or partition table".to_string(),
+        }
+    }
+
+    /// Whether it reads on a loop device with `sector_size`-byte sectors.
+    pub fn works_with_sector_size(&self, sector_size: u32) -> bool {
+        match self {
+            Content::Filesystem {
+                max_sector_size, ..
+            } => sector_size <= *max_sector_size,
+            Content::PartitionTable {
+                sector_size: own, ..
+            } => sector_size == *own,
+            Content::Unrecognised => true,
+        }
+    }
+
+    /// The sector sizes it reads with, in words, for refusals.
+    pub fn sector_requirement(&self) -> String {
+        match self {
+            Content::Filesystem {
+                fs_type,
+                max_sector_size,
+                ..
+            } => format!(
+                "an {fs_type} file system that needs sectors of at most {max_sector_size} bytes"
+            ),
+            Content::PartitionTable { sector_size, .. } => {
+                format!("a GPT written for {sector_size}-byte sectors")
+            }
+            Content::Unrecognised => "no recognised content".to_string(),
+        }
+    }
+
+    /// The sector size adopted content was made for, given the logical
+    /// block size of the device under the backing file: a GPT's own; xfs's
+    /// `sb_sectsize` (4096 when it is that large, else 512); ext4 works on
+    /// 512 with any block size, so 4096 only when its blocks and the
+    /// backing device both are, which keeps direct I/O possible there.
+    pub fn preferred_sector_size(&self, backing_block_size: u32) -> u32 {
+        match self {
+            Content::PartitionTable { sector_size, .. } => *sector_size,
+            Content::Filesystem {
+                fs_type: FsType::Xfs,
+                max_sector_size,
+                ..
+            } if *max_sector_size >= 4096 => 4096,
+            Content::Filesystem {
+                fs_type: FsType::Ext4,
+                max_sector_size,
+                ..
+            } if *max_sector_size >= 4096 && backing_block_size >= 4096 => 4096,
+            _ => 512,
+        }
+    }
+}
+
+/// Whether `content` is what a volume of `mode` with this UUID holds: the
+/// file system UUID, or partition 1's unique GUID.
+pub fn identifies(content: &Content, mode: &Mode, uuid: Uuid) -> bool {
+    match (mode, content) {
+        (
+            Mode::Filesystem { fs_type, .. },
+            Content::Filesystem {
+                fs_type: found,
+                uuid: found_uuid,
+                ..
+            },
+        ) => fs_type == found && *found_uuid == uuid,
+        (Mode::Block, Content::PartitionTable { partitions, .. }) => {
+            partitions.contains(&(1, uuid))
+        }
+        _ => false,
+    }
+}
+
+/// Fails, naming what the file holds, unless `content` is the volume's.
+pub fn require_identity(content: &Content, mode: &Mode, uuid: Uuid, path: &Path) -> Result<()> {
+    if !identifies(content, mode, uuid) {
+        anyhow::bail!(
+            "backing file {} holds {}, not {}",
+            path.display(),
+            content.describe(),
+            expected_content(mode, uuid)
+        );
+    }
+    Ok(())
+}
+
+/// What `identifies` looks for, in words.
+pub fn expected_content(mode: &Mode, uuid: Uuid) -> String {
+    match mode {
+        Mode::Filesystem { fs_type, .. } => format!("an {fs_type} file system with UUID {uuid}"),
+        Mode::Block => format!("a GPT whose partition 1 has GUID {uuid}"),
+    }
+}
+
+const EXT_SUPERBLOCK: u64 = 1024;
+const EXT_LOG_BLOCK_SIZE_OFFSET: usize = 0x18;
+const EXT_MAGIC_OFFSET: usize = 0x38;
+const EXT_UUID_OFFSET: usize = 0x68;
+const EXT_MAGIC: u16 = 0xEF53;
+const XFS_MAGIC: &[u8; 4] = b"XFSB";
+const XFS_UUID_OFFSET: usize = 32;
+/// `sb_sectsize`, big-endian u16.
+const XFS_SECTSIZE_OFFSET: usize = 102;
+
+/// How much of the start `probe` reads for file system signatures.
+const HEAD_BYTES: usize = 4096;
+
+/// Reads the signatures at the start of `file` (a regular file or a block
+/// device; both are read the same way).
+pub fn probe(file: &File) -> Result<Content> {
+    let mut head = [0u8; HEAD_BYTES];
+    let length = read_up_to(file, &mut head, 0)?;
+    if let Some(content) = filesystem_in(&head[..length]) {
+        return Ok(content);
+    }
+    Ok(gpt_layout::read_any(file).map_or(Content::Unrecognised, gpt_content))
+}
+
+/// [`probe`] of a file whose whole content is `image`: the same parsers
+/// without a file, for fuzzing them.
+pub fn probe_image(image: &[u8]) -> Content {
+    if let Some(content) = filesystem_in(&image[..image.len().min(HEAD_BYTES)]) {
+        return content;
+    }
+    gpt_layout::read_any_in_image(image).map_or(Content::Unrecognised, gpt_content)
+}
+
+fn filesystem_in(head: &[u8]) -> Option<Content> {
+    if head.len() >= XFS_SECTSIZE_OFFSET + 2 && &head[..4] == XFS_MAGIC {
+        let sector_size =
+            u16::from_be_bytes([head[XFS_SECTSIZE_OFFSET], head[XFS_SECTSIZE_OFFSET + 1]]);
+        return Some(Content::Filesystem {
+            fs_type: FsType::Xfs,
+            uuid: uuid_at(head, XFS_UUID_OFFSET),
+            // A damaged value: assume the smallest, which xfs always reads.
+            max_sector_size: u32::from(sector_size).max(512),
+        });
+    }
+    let superblock = EXT_SUPERBLOCK as usize;
+    if head.len() >= superblock + EXT_UUID_OFFSET + 16 {
+        let ext = &head[superblock..];
+        let magic = u16::from_le_bytes([ext[EXT_MAGIC_OFFSET], ext[EXT_MAGIC_OFFSET + 1]]);
+        if magic == EXT_MAGIC {
+            let offset = EXT_LOG_BLOCK_SIZE_OFFSET;
+            let log = u32::from_le_bytes([
+                ext[offset],
+                ext[offset + 1],
+                ext[offset + 2],
+                ext[offset + 3],
+            ]);
+            return Some(Content::Filesystem {
+                fs_type: FsType::Ext4,
+                uuid: uuid_at(ext, EXT_UUID_OFFSET),
+                // Block size 1024 << s_log_block_size (at most 64 KiB).
+                max_sector_size: 1024u32.checked_shl(log.min(6)).unwrap_or(1024),
+            });
+        }
+    }
+    None
+}
+
+fn uuid_at(buffer: &[u8], offset: usize) -> Uuid {
+    let mut bytes = [0u8; 16];
+    bytes.copy_from_slice(&buffer[offset..offset + 16]);
+    Uuid::from_bytes(bytes)
+}
+
+/// GPT headers store GUIDs in mixed-endian form; the `gpt` crate decodes
+/// them into the same `Uuid` that udev prints in `by-partuuid`.
+fn gpt_content<D>((disk, sector_size): (gpt::GptDisk<D>, u32)) -> Content {
+    let partitions = disk
+        .partitions()
+        .iter()
+        .filter(|(_, p)| p.is_used())
+        .map(|(number, p)| (*number, p.part_guid))
+        .collect();
+    Content::PartitionTable {
+        partitions,
+        sector_size,
+    }
+}
+
+fn read_up_to(file: &File, buffer: &mut [u8], offset: u64) -> Result<usize> {
+    let mut filled = 0;
+    while filled < buffer.len() {
+        let n = file
+            .read_at(&mut buffer[filled..], offset + filled as u64)
+            .context("reading the volume's first blocks")?;
+        if n == 0 {
+            break;
+        }
+        filled += n;
+    }
+    Ok(filled)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+
+    fn file_with(bytes_at: &[(usize, &[u8])], len: usize) -> File {
+        let mut image = vec![0u8; len];
+        for (offset, bytes) in bytes_at {
+            image[*offset..offset + bytes.len()].copy_from_slice(bytes);
+        }
+        let mut file = tempfile::tempfile().unwrap();
+        file.write_all(&image).unwrap();
+        file
+    }
+
+    const UUID: &str = "6f1c2a8e-3b4d-4e5f-8a9b-0c1d2e3f4a5b";
+
+    #[test]
+    fn reads_ext4_identity() {
+        let uuid = Uuid::parse_str(UUID).unwrap();
+        let file = file_with(
+            &[
+                (1024 + 0x18, &[2, 0, 0, 0]),
+                (1024 + 0x38, &[0x53, 0xEF]),
+                (1024 + 0x68, uuid.as_bytes()),
+            ],
+            8192,
+        );
+        let content = probe(&file).unwrap();
+        assert_eq!(
+            content,
+            Content::Filesystem {
+                fs_type: FsType::Ext4,
+                uuid,
+                max_sector_size: 4096,
+            }
+        );
+        assert!(content.works_with_sector_size(512) && content.works_with_sector_size(4096));
+        assert_eq!(content.preferred_sector_size(512), 512);
+        assert_eq!(content.preferred_sector_size(4096), 4096);
+    }
+
+    #[test]
+    fn reads_xfs_identity() {
+        let uuid = Uuid::parse_str(UUID).unwrap();
+        let file = file_with(&[(0, b"XFSB"), (32, uuid.as_bytes()), (102, &[2, 0])], 8192);
+        let content = probe(&file).unwrap();
+        assert_eq!(
+            content,
+            Content::Filesystem {
+                fs_type: FsType::Xfs,
+                uuid,
+                max_sector_size: 512,
+            }
+        );
+        assert!(!content.works_with_sector_size(4096));
+        assert_eq!(content.preferred_sector_size(4096), 512);
+        let file = file_with(
+            &[(0, b"XFSB"), (32, uuid.as_bytes()), (102, &[16, 0])],
+            8192,
+        );
+        assert_eq!(probe(&file).unwrap().preferred_sector_size(512), 4096);
+    }
+
+    #[test]
+    fn finds_a_gpt_at_either_sector_size() {
+        let uuid = Uuid::parse_str(UUID).unwrap();
+        for sector_size in [512, 4096] {
+            let file = tempfile::tempfile().unwrap();
+            file.set_len(8 << 20).unwrap();
+            gpt_layout::write_new(&file, uuid, sector_size).unwrap();
+            let content = probe(&file).unwrap();
+            assert_eq!(
+                content,
+                Content::PartitionTable {
+                    partitions: vec![(1, uuid)],
+                    sector_size
+                }
+            );
+            assert!(identifies(&content, &Mode::Block, uuid));
+            assert!(content.works_with_sector_size(sector_size));
+            assert!(!content.works_with_sector_size(4608 - sector_size));
+            assert_eq!(content.preferred_sector_size(512), sector_size);
+        }
+    }
+
+    /// The fuzzed entry point reads what the product's reads.
+    #[test]
+    fn image_and_file_probes_agree() {
+        let uuid = Uuid::parse_str(UUID).unwrap();
+        let gpt = tempfile::tempfile().unwrap();
+        gpt.set_len(2 << 20).unwrap();
+        gpt_layout::write_new(&gpt, uuid, 512).unwrap();
+        let mut gpt_image = vec![0u8; 2 << 20];
+        gpt.read_exact_at(&mut gpt_image, 0).unwrap();
+        let mut ext4 = vec![0u8; 8192];
+        ext4[1024 + 0x38..][..2].copy_from_slice(&[0x53, 0xEF]);
+        let mut xfs = vec![0u8; 4096];
+        xfs[..4].copy_from_slice(b"XFSB");
+        for (image, expected) in [
+            (gpt_image, "GPT"),
+            (ext4, "ext4"),
+            (xfs, "xfs"),
+            (vec![0u8; 100], "no recognised"),
+        ] {
+            let from_image = probe_image(&image);
+            assert!(from_image.describe().contains(expected), "{from_image:?}");
+            assert_eq!(
+                probe(&file_with(&[(0, &image)], image.len())).unwrap(),
+                from_image
+            );
+        }
+    }
+
+    #[test]
+    fn zeros_and_short_files_are_unrecognised() {
+        assert_eq!(
+            probe(&file_with(&[], 1 << 20)).unwrap(),
+            Content::Unrecognised
+        );
+        assert_eq!(probe(&file_with(&[], 100)).unwrap(), Content::Unrecognised);
+    }
+}
