@@ -1,6 +1,7 @@
 //! `sparse-volume`: parses the command line, opens the registry once,
 //! names the volume a command is about, and hands the command to its
 //! module; `cli::output` says what came of it.
+#![deny(unsafe_code)]
 
 use std::process::ExitCode;
 

@@ -11,13 +11,14 @@
 use std::collections::HashSet;
 use std::fs;
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, RawFd};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 
 use anyhow::{Context, Result};
 use nix::errno::Errno;
-use nix::fcntl::{openat, renameat, OFlag};
+use nix::fcntl::renameat;
+use sparse_volume::kernel::files::create_new_at;
 use nix::sys::stat::{mkdirat, Mode};
 use nix::unistd::{symlinkat, unlinkat, UnlinkatFlags};
 
@@ -107,14 +108,7 @@ fn temporary_name(relative: &str) -> String {
 
 /// A new file holding `text`, or none.
 fn write_new(at: RawFd, relative: &str, text: &str) -> io::Result<()> {
-    let fd = openat(
-        Some(at),
-        relative,
-        OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_EXCL | OFlag::O_CLOEXEC,
-        Mode::from_bits_truncate(0o644),
-    )?;
-    // SAFETY: openat returned a new descriptor that nothing else owns.
-    let file = fs::File::from(unsafe { OwnedFd::from_raw_fd(fd) });
+    let file = create_new_at(at, relative, 0o644)?;
     io::Write::write_all(&mut &file, text.as_bytes()).inspect_err(|_| {
         let _ = unlinkat(Some(at), relative, UnlinkatFlags::NoRemoveDir);
     })

@@ -27,7 +27,7 @@ enum Node {
 
 fn fixtures() -> Vec<PathBuf> {
     let base = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../tests/generator")
+        .join("tests/golden")
         .canonicalize()
         .expect("the tests/generator fixtures directory");
     let mut cases: Vec<PathBuf> = fs::read_dir(&base)

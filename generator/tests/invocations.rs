@@ -14,7 +14,7 @@ fn generator(root: &Path, args: &[&Path]) -> Output {
 
 /// A fixture with enabled volumes, so that there is something to write.
 fn registry_with_volumes() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/generator/03-both-modes")
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/golden/03-both-modes")
 }
 
 #[test]

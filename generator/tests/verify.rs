@@ -47,6 +47,23 @@ fn write(path: &Path, text: &str) {
     fs::write(path, text).unwrap();
 }
 
+/// verify checks that ExecStart= names an executable: the generator's
+/// binary where the unit runs it, and any at the CLI's path for the
+/// consumers of the tests.
+fn install_executables(r: &Path) {
+    for (dir, name) in [
+        ("usr/lib/systemd/system-generators", "sparse-volume-generator"),
+        ("usr/bin", "sparse-volume"),
+    ] {
+        fs::create_dir_all(r.join(dir)).unwrap();
+        fs::copy(
+            env!("CARGO_BIN_EXE_sparse-volume-generator"),
+            r.join(dir).join(name),
+        )
+        .unwrap();
+    }
+}
+
 /// Builds the root; `edit_template` may alter our template (to prove that
 /// a broken unit is caught).
 fn build_root(edit_template: impl Fn(String) -> String) -> TempDir {
@@ -75,13 +92,7 @@ fn build_root(edit_template: impl Fn(String) -> String) -> TempDir {
         }
         write(&units.join(path.file_name().unwrap()), &text);
     }
-    // verify checks that ExecStart= names an executable; any will do.
-    fs::create_dir_all(r.join("usr/bin")).unwrap();
-    fs::copy(
-        env!("CARGO_BIN_EXE_sparse-volume-generator"),
-        r.join("usr/bin/sparse-volume"),
-    )
-    .unwrap();
+    install_executables(r);
 
     write(
         &r.join("etc/sparse-volume/config.toml"),
@@ -302,7 +313,7 @@ fn promised_orderings_hold() {
 #[test]
 fn awkward_paths_reach_systemd_intact() {
     let fixture =
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/generator/11-special-characters");
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/golden/11-special-characters");
     let root = TempDir::new().unwrap();
     let r = root.path();
     let units = r.join("usr/lib/systemd/system");
@@ -311,12 +322,7 @@ fn awkward_paths_reach_systemd_intact() {
         let path = entry.unwrap().path();
         fs::copy(&path, units.join(path.file_name().unwrap())).unwrap();
     }
-    fs::create_dir_all(r.join("usr/bin")).unwrap();
-    fs::copy(
-        env!("CARGO_BIN_EXE_sparse-volume-generator"),
-        r.join("usr/bin/sparse-volume"),
-    )
-    .unwrap();
+    install_executables(r);
     let generator_dir = r.join("run/systemd/generator");
     fs::create_dir_all(&generator_dir).unwrap();
     let generated = Command::new(env!("CARGO_BIN_EXE_sparse-volume-generator"))

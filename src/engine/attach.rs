@@ -43,6 +43,11 @@ pub struct AttachReport {
     pub direct_io: bool,
     pub read_only: bool,
     pub warnings: Vec<String>,
+    /// Keys of the volume's registry file that were ignored (the CLI says
+    /// them for every command about the volume; the unit's attach says
+    /// them here).
+    #[serde(skip)]
+    pub registry_warnings: Vec<String>,
 }
 
 /// `attach --dry-run`: the device the volume is attached to already, or
@@ -76,18 +81,23 @@ pub fn attach_planned(registry: &Registry, id: &VolumeId) -> Result<Option<PathB
 fn bound_after_checks(registry: &Registry, id: &VolumeId) -> Result<Option<(u32, LoopStatus)>> {
     refuse_if_skipped(registry, id)?;
     let _lock = Registry::volume_lock(registry.root(), id)?;
-    let (_, _, backing) = verified_backing(registry, id)?;
+    let (_, _, backing, _) = verified_backing(registry, id)?;
     Ok(loop_device::devices_holding(&backing)?.into_iter().next())
 }
 
-/// The volume's entry and its backing file, opened and verified to hold
-/// the volume; read under the volume lock, which the caller holds.
-fn verified_backing(registry: &Registry, id: &VolumeId) -> Result<(Volume, PathBuf, File)> {
-    let volume = registry.require(id)?;
+/// The volume's entry, its backing file opened and verified to hold the
+/// volume, and what the entry's file had that was ignored; read under the
+/// volume lock, which the caller holds.
+fn verified_backing(
+    registry: &Registry,
+    id: &VolumeId,
+) -> Result<(Volume, PathBuf, File, Vec<String>)> {
+    let (volume, ignored) = registry.require_with_warnings(id)?;
     let path = registry.root().host_path(&volume.path);
     let backing = open_backing_file(&path, volume.read_only)?;
     verify_content(&backing, &volume, &path)?;
-    Ok((volume, path, backing))
+    let ignored = ignored.iter().map(ToString::to_string).collect();
+    Ok((volume, path, backing, ignored))
 }
 
 /// Where the kernel shows block devices and their partitions.
@@ -112,7 +122,7 @@ pub fn attach(registry: &Registry, id: &VolumeId) -> Result<AttachReport> {
     // then finds the volume unregistered instead of binding a file that
     // is about to be deleted.
     let _lock = Registry::volume_lock(registry.root(), id)?;
-    let (volume, path, backing) = verified_backing(&registry, id)?;
+    let (volume, path, backing, registry_warnings) = verified_backing(registry, id)?;
     let mut warnings = size_warning(&backing, &volume)
         .into_iter()
         .collect::<Vec<_>>();
@@ -227,6 +237,7 @@ pub fn attach(registry: &Registry, id: &VolumeId) -> Result<AttachReport> {
         direct_io: loop_device::uses_direct_io(&status),
         read_only: status.has(LO_FLAGS_READ_ONLY),
         warnings,
+        registry_warnings,
     })
 }
 

@@ -3,11 +3,12 @@
 
 use std::fs::{self, File, OpenOptions};
 use std::io::Write;
+use std::os::fd::{FromRawFd, OwnedFd, RawFd};
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
-use nix::fcntl::{Flock, FlockArg};
+use nix::fcntl::{openat, Flock, FlockArg, OFlag};
 
 /// Replaces `path` with `contents` so that a reader (or a crash) sees either
 /// the old file or the new one, never a mix: write a temporary file in the
@@ -31,6 +32,19 @@ pub fn write_atomically(path: &Path, contents: &[u8], mode: u32) -> Result<()> {
         .map_err(|e| e.error)
         .with_context(|| format!("renaming a temporary file to {}", path.display()))?;
     sync_dir(dir)
+}
+
+/// Creates `relative` (which must not exist) in the directory open as
+/// `dir`, for writing: a path looked up from that directory, not from /.
+pub fn create_new_at(dir: RawFd, relative: &str, mode: u32) -> std::io::Result<File> {
+    let fd = openat(
+        Some(dir),
+        relative,
+        OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_EXCL | OFlag::O_CLOEXEC,
+        nix::sys::stat::Mode::from_bits_truncate(mode),
+    )?;
+    // SAFETY: openat returned a new descriptor that nothing else owns.
+    Ok(File::from(unsafe { OwnedFd::from_raw_fd(fd) }))
 }
 
 /// Makes a rename or unlink in `dir` durable.

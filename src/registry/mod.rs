@@ -227,12 +227,24 @@ impl Registry {
     /// The volume registered under `id`; its absence is an error that
     /// names the file that would have to exist.
     pub fn require(&self, id: &VolumeId) -> Result<Volume> {
-        self.get(id)?.with_context(|| {
-            format!(
+        Ok(self.require_with_warnings(id)?.0)
+    }
+
+    /// [`Registry::require`], with what was ignored in the volume's file.
+    pub fn require_with_warnings(&self, id: &VolumeId) -> Result<(Volume, Vec<RegistryWarning>)> {
+        let missing = || {
+            anyhow::anyhow!(
                 "the volume is not registered (no {})",
                 self.root.volume_file(id).display()
             )
-        })
+        };
+        match self.entry(id) {
+            Some(entry) => Ok((entry.volume?, entry.warnings)),
+            None => match &self.directory_problem {
+                Some(problem) => Err(problem.clone().into()),
+                None => Err(missing()),
+            },
+        }
     }
 
     /// Every readable volume that carries `name`. More than one is an

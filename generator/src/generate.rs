@@ -1,0 +1,93 @@
+//! The generator role (systemd.generator(7)): the registry's enabled
+//! volumes as links and drop-ins in the output directory.
+//!
+//! It reads the registry's text and nothing else (no backing file, no
+//! device, no D-Bus: `/var` may not even be mounted yet), and it never
+//! fails the boot because of the registry: a bad volume file is logged and
+//! skipped, a bad `config.toml` is logged and the built-in defaults apply,
+//! unknown keys are logged and ignored. Only failing to write the output
+//! directory is an error. The kernel command line's emergency switch
+//! (`sparse_volume=off`, `sparse_volume.skip=`) leaves volumes out.
+
+use std::path::Path;
+use std::process::ExitCode;
+
+use sparse_volume::registry::paths::SystemRoot;
+use sparse_volume::registry::Registry;
+use sparse_volume::systemd::kernel_cmdline::{EmergencySwitch, Skip};
+
+use crate::kmsg::Kmsg;
+use crate::output;
+use crate::units::Plan;
+
+pub fn generate(normal_dir: &Path) -> ExitCode {
+    let root = SystemRoot::from_env();
+    let log = Kmsg::open(root.is_overridden());
+
+    let switch = EmergencySwitch::read(&root);
+    for problem in switch.problems() {
+        log.warning(&format!("kernel command line: {problem}"));
+    }
+    // Before the registry is even read: the switch is how an operator gets
+    // past a registry or a volume that breaks the boot.
+    if switch.is_off() {
+        log.warning(&format!("{}: no volume units generated", Skip::Off));
+        return ExitCode::SUCCESS;
+    }
+    let mut unmatched_skips: Vec<_> = switch.skipped().collect();
+
+    let registry = Registry::open(root);
+    if let Some(problem) = registry.config_problem() {
+        log.warning(&format!("{problem}; using built-in defaults"));
+    }
+    for warning in registry.config_warnings() {
+        log.warning(&warning.to_string());
+    }
+    let entries = match registry.entries() {
+        Ok(entries) => entries,
+        Err(e) => {
+            log.error(&format!("{e:#}; no volume units generated"));
+            return ExitCode::SUCCESS;
+        }
+    };
+
+    let mut plan = Plan::default();
+    for entry in entries {
+        for warning in &entry.warnings {
+            log.warning(&warning.to_string());
+        }
+        match entry.volume {
+            Err(e) => log.warning(&format!("{e}; volume skipped")),
+            Ok(volume) if !volume.enabled => {}
+            Ok(volume) if switch.skips(&volume.id).is_some() => {
+                unmatched_skips.retain(|id| *id != volume.id);
+                log.warning(&format!("volume {} skipped: {}", volume.id, Skip::Listed));
+            }
+            Ok(volume) => {
+                if let Err(reason) = plan.add_volume(&volume) {
+                    log.warning(&format!(
+                        "{}: {reason}; volume skipped",
+                        entry.file.display()
+                    ));
+                }
+            }
+        }
+    }
+
+    for id in unmatched_skips {
+        // Most likely a typo, and then the volume the operator meant to
+        // keep out of this boot is still attached.
+        log.warning(&format!(
+            "{}: {id} is not an enabled volume in the registry; nothing skipped for it",
+            Skip::Listed.switch()
+        ));
+    }
+
+    match output::write_all(normal_dir, &plan.finish(registry.config())) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            log.error(&format!("writing units to {}: {e:#}", normal_dir.display()));
+            ExitCode::FAILURE
+        }
+    }
+}
