@@ -102,7 +102,7 @@ build_binaries() (
     cargo build --release --locked -p sparse-volume-generator
 )
 
-# The version that was built, as the binary reports it ("sparse-volume 0.1.0").
+# The version that was built, as the binary reports it ("sparse-volume 0.2.0").
 built_version() {
     local line
     line=$("$TARGET/release/$NAME" --version)

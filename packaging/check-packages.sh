@@ -10,6 +10,10 @@
 # - lintian: no error and no warning that lacks a commented override;
 # - every man page renders with `man --warnings` without a diagnostic;
 # - the bash completion parses;
+# - no shipped binary carries the test hooks (src/hooks.rs: the names of
+#   their environment variables), which the test build does carry;
+# - the unit's binary (the generator's, --attach/--detach) has no clap or
+#   zbus code, which the CLI has;
 # - the maintainer scripts of both packages, run against a scratch root
 #   with a stub systemctl: daemon-reload only where systemd runs, nothing
 #   else ever, and removal/purge keep volume data and the registry;
@@ -146,6 +150,51 @@ check_rpmlint() {
 check_lintian() {
     # Info tags are shown for the record; errors and warnings fail.
     lintian --fail-on error,warning --display-info "$1"
+}
+
+# The environment variables of src/hooks.rs: read only by builds with the
+# test-hooks feature.
+HOOK_VARIABLES=(SPARSE_VOLUME_CRASH_AT SPARSE_VOLUME_STOP_AT SPARSE_VOLUME_FAULT SPARSE_VOLUME_JOB_TIMEOUT_SEC)
+
+# binary_mentions FILE WORD...: the WORDs that FILE's strings contain.
+binary_mentions() {
+    local file=$1 word
+    shift
+    for word in "$@"; do
+        if strings -a "$file" | grep -qF -- "$word"; then
+            echo "$word"
+        fi
+    done
+}
+
+# No shipped binary reads a hook's variable. The test build of the CLI
+# (cargo test's, when it is there) shows that the check can see them.
+check_no_test_hooks() {
+    local root=$1 binary found status=0 test_build=$CARGO_TARGET_DIR/debug/sparse-volume
+    for binary in "$root/usr/bin/sparse-volume" "$root/usr/lib/systemd/system-generators/sparse-volume-generator"; do
+        found=$(binary_mentions "$binary" "${HOOK_VARIABLES[@]}")
+        if [[ -n $found ]]; then
+            echo "${binary#"$root"} carries test hooks: $found"
+            status=1
+        fi
+    done
+    if [[ -x $test_build ]]; then
+        found=$(binary_mentions "$test_build" "${HOOK_VARIABLES[@]}")
+        [[ $(wc -l <<<"$found") -eq ${#HOOK_VARIABLES[@]} ]] ||
+            { echo "the check does not see the hooks of the test build ${test_build#"$TOP/"}: only $found"; status=1; }
+    fi
+    return "$status"
+}
+
+# The unit's binary links neither clap nor zbus (their source paths and
+# names are in any binary that does, as the CLI shows).
+check_lean_boot_binary() {
+    local root=$1 cli=$1/usr/bin/sparse-volume boot=$1/usr/lib/systemd/system-generators/sparse-volume-generator found
+    found=$(binary_mentions "$boot" clap zbus)
+    [[ -z $found ]] || { echo "the unit's binary contains $found"; return 1; }
+    found=$(binary_mentions "$cli" clap zbus)
+    [[ $(wc -l <<<"$found") -eq 2 ]] || { echo "the check does not see clap and zbus in the CLI: only $found"; return 1; }
+    echo "the unit's binary: $(stat -c %s "$boot") bytes; the CLI: $(stat -c %s "$cli") bytes"
 }
 
 # Every man page in the extracted .deb, rendered as `man` does.
@@ -470,6 +519,8 @@ main() {
     check "man pages render without warnings" check_man_pages "$SCRATCH/root"
     check "bash completion parses" \
         bash -n "$SCRATCH/root/usr/share/bash-completion/completions/sparse-volume"
+    check "no shipped binary carries the test hooks" check_no_test_hooks "$SCRATCH/root"
+    check "the unit's binary has no clap or zbus code" check_lean_boot_binary "$SCRATCH/root"
     check "config.toml is the commented example" \
         cmp "$HERE/config.toml" "$SCRATCH/root/usr/share/sparse-volume/config.toml"
     check ".deb maintainer scripts" check_deb_scripts "$SCRATCH/control"
