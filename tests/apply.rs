@@ -219,6 +219,7 @@ fn registry_entry(fx: &Fixture, uuid: &str) -> toml::Table {
 
 #[test]
 fn every_state_changing_command_dry_runs_like_it_runs() {
+    needs_root!();
     let fx = Fixture::new();
     let (_, created) = dry_then_real(&fx, &["create", "--size", "64M", "--name", "alpha"]);
     let alpha = created.json()["uuid"].as_str().expect("uuid").to_string();
@@ -303,6 +304,7 @@ fn every_state_changing_command_dry_runs_like_it_runs() {
 
 #[test]
 fn apply_converges_a_volume_step_by_step_and_its_dry_run_plans_each_step() {
+    needs_root!();
     let fx = Fixture::new();
     let (_, created) = apply_dry_then_real(
         &fx,
@@ -389,6 +391,7 @@ fn apply_converges_a_volume_step_by_step_and_its_dry_run_plans_each_step() {
 
 #[test]
 fn apply_with_flags_and_now_attaches_and_detaches_without_systemd() {
+    needs_root!();
     let fx = Fixture::new();
     let (_, up) = dry_then_real(
         &fx,
@@ -425,6 +428,7 @@ fn apply_with_flags_and_now_attaches_and_detaches_without_systemd() {
 
 #[test]
 fn a_dry_run_refuses_what_the_real_run_refuses_mounted_and_out_of_space() {
+    needs_root!();
     let fx = Fixture::new();
     let storage = fx.mount_storage(256 << 20);
     let (_, space) = apply_dry_then_real(&fx, r#"{"name": "big", "size": "1G"}"#);
@@ -466,6 +470,7 @@ fn a_dry_run_refuses_what_the_real_run_refuses_mounted_and_out_of_space() {
 
 #[test]
 fn a_name_names_one_volume_and_every_command_takes_it() {
+    needs_root!();
     let fx = Fixture::new();
     let first = fx.run_ok(&["create", "--size", "64M", "--name", "pg-data", "--json"]);
     let uuid = first.json()["uuid"].as_str().expect("uuid").to_string();
@@ -536,6 +541,7 @@ fn a_name_names_one_volume_and_every_command_takes_it() {
 
 #[test]
 fn absent_with_a_uuid_and_a_name_that_disagree_removes_nothing() {
+    needs_root!();
     let fx = Fixture::new();
     let created = fx.run_ok(&["create", "--size", "64M", "--name", "pg", "--json"]);
     let uuid = created.json()["uuid"].as_str().expect("uuid").to_string();
@@ -563,6 +569,7 @@ fn absent_with_a_uuid_and_a_name_that_disagree_removes_nothing() {
 
 #[test]
 fn remove_by_name_refuses_when_the_name_moved_to_another_volume_meanwhile() {
+    needs_root!();
     let fx = Fixture::new();
     let first = fx
         .run_ok(&["create", "--size", "64M", "--name", "pg", "--json"])
@@ -604,6 +611,7 @@ fn remove_by_name_refuses_when_the_name_moved_to_another_volume_meanwhile() {
 
 #[test]
 fn a_name_in_a_registry_file_that_does_not_read_is_not_given_again() {
+    needs_root!();
     let fx = Fixture::new();
     let created = fx.run_ok(&["create", "--size", "64M", "--name", "dup", "--json"]);
     let uuid = created.json()["uuid"].as_str().expect("uuid").to_string();
@@ -630,6 +638,7 @@ fn a_name_in_a_registry_file_that_does_not_read_is_not_given_again() {
 
 #[test]
 fn refusals_come_before_any_change_and_a_late_failure_says_what_was_done() {
+    needs_root!();
     let fx = Fixture::new();
     fs::create_dir_all(fx.host("/proc")).unwrap();
     fs::write(fx.host("/proc/cmdline"), "ro sparse_volume=off\n").unwrap();
@@ -659,6 +668,7 @@ fn refusals_come_before_any_change_and_a_late_failure_says_what_was_done() {
 
 #[test]
 fn what_a_volume_cannot_become_is_refused_not_ignored() {
+    needs_root!();
     let fx = Fixture::new();
     fx.run_ok(&["apply", "--name", "blk", "--size", "64M", "--mode", "block"]);
     let (_, fs_on_block) = dry_then_real(&fx, &["apply", "--name", "blk", "--fs", "xfs"]);
@@ -694,6 +704,7 @@ fn what_a_volume_cannot_become_is_refused_not_ignored() {
 
 #[test]
 fn a_stop_then_a_failed_flag_write_reports_the_stop() {
+    needs_root!();
     let fx = Fixture::new();
     let uuid = new_uuid();
     fx.run_ok(&["create", "--size", "32M", "--uuid", &uuid, "--now"]);

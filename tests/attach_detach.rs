@@ -20,6 +20,7 @@ fn attached_ext4(fx: &Fixture) -> (String, std::path::PathBuf, String) {
 
 #[test]
 fn filesystem_volume_attaches_once_and_detaches() {
+    needs_root!();
     let fx = Fixture::new();
     let uuid = new_uuid();
     let file = fx.make_ext4(&uuid);
@@ -64,6 +65,7 @@ fn filesystem_volume_attaches_once_and_detaches() {
 
 #[test]
 fn xfs_volume_is_verified_and_attached() {
+    needs_root!();
     let fx = Fixture::new();
     let uuid = new_uuid();
     let file = fx.make_xfs(&uuid);
@@ -80,6 +82,7 @@ fn xfs_volume_is_verified_and_attached() {
 
 #[test]
 fn sixteen_concurrent_attaches_make_one_device() {
+    needs_root!();
     let fx = Arc::new(Fixture::new());
     let uuid = Arc::new(new_uuid());
     let file = fx.make_ext4(&uuid);
@@ -128,6 +131,7 @@ impl SpawnPiped for std::process::Command {
 
 #[test]
 fn block_volume_scans_partitions_and_detaches_without_registry() {
+    needs_root!();
     let fx = Fixture::new();
     let uuid = new_uuid();
     let file = fx.make_gpt(&uuid);
@@ -177,6 +181,7 @@ fn block_volume_scans_partitions_and_detaches_without_registry() {
 
 #[test]
 fn detach_finds_the_device_by_reference_when_the_file_is_gone() {
+    needs_root!();
     let fx = Fixture::new();
     let (uuid, file, device) = attached_ext4(&fx);
 
@@ -200,6 +205,7 @@ fn detach_finds_the_device_by_reference_when_the_file_is_gone() {
 
 #[test]
 fn read_only_volume_gets_a_read_only_device() {
+    needs_root!();
     let fx = Fixture::new();
     let uuid = new_uuid();
     let file = fx.make_ext4(&uuid);
@@ -237,6 +243,7 @@ fn assert_refused(fx: &Fixture, uuid: &str, cause: &str, file: &std::path::Path)
 
 #[test]
 fn attach_refuses_an_unregistered_volume() {
+    needs_root!();
     let fx = Fixture::new();
     let uuid = new_uuid();
     let file = fx.make_ext4(&uuid);
@@ -245,6 +252,7 @@ fn attach_refuses_an_unregistered_volume() {
 
 #[test]
 fn attach_refuses_a_symlinked_backing_file() {
+    needs_root!();
     let fx = Fixture::new();
     let uuid = new_uuid();
     let real = fx.host("/var/lib/sparse-volume/real-file");
@@ -260,6 +268,7 @@ fn attach_refuses_a_symlinked_backing_file() {
 
 #[test]
 fn attach_refuses_a_world_writable_backing_file() {
+    needs_root!();
     let fx = Fixture::new();
     let uuid = new_uuid();
     let file = fx.make_ext4(&uuid);
@@ -270,6 +279,7 @@ fn attach_refuses_a_world_writable_backing_file() {
 
 #[test]
 fn attach_refuses_content_with_another_uuid() {
+    needs_root!();
     let fx = Fixture::new();
     let uuid = new_uuid();
     let file = fx.backing(&uuid);
@@ -306,6 +316,7 @@ fn attach_refuses_content_with_another_uuid() {
 
 #[test]
 fn detach_refuses_a_mounted_device_and_then_succeeds() {
+    needs_root!();
     let fx = Fixture::new();
     let (uuid, file, device) = attached_ext4(&fx);
     let mountpoint = fx.host("/mnt");
@@ -329,6 +340,7 @@ fn detach_refuses_a_mounted_device_and_then_succeeds() {
 
 #[test]
 fn detach_reports_a_device_the_kernel_releases_later() {
+    needs_root!();
     let fx = Fixture::new();
     let (uuid, file, device) = attached_ext4(&fx);
 
@@ -379,6 +391,7 @@ fn pretend_udev_runs(fx: &Fixture) {
 
 #[test]
 fn a_failed_attach_releases_the_device_it_bound() {
+    needs_root!();
     let fx = Fixture::new();
     for (uuid, mode) in [(new_uuid(), "filesystem"), (new_uuid(), "block")] {
         let file = if mode == "block" {
@@ -410,6 +423,7 @@ fn a_failed_attach_releases_the_device_it_bound() {
 
 #[test]
 fn a_failed_attach_keeps_a_device_it_did_not_bind() {
+    needs_root!();
     let fx = Fixture::new();
     let (uuid, file, device) = attached_ext4(&fx);
     pretend_udev_runs(&fx);
@@ -434,6 +448,7 @@ fn a_failed_attach_keeps_a_device_it_did_not_bind() {
 /// failure, since the unit has no ExecStopPost= to do it.
 #[test]
 fn a_stopped_attach_releases_the_device_it_bound() {
+    needs_root!();
     let fx = Fixture::new();
     let uuid = new_uuid();
     let file = fx.make_ext4(&uuid);
@@ -482,6 +497,7 @@ fn a_stopped_attach_releases_the_device_it_bound() {
 /// nothing bound, instead of binding once the lock is free.
 #[test]
 fn a_stop_while_waiting_for_the_loop_control_lock_binds_nothing() {
+    needs_root!();
     let fx = Fixture::new();
     let uuid = new_uuid();
     let file = fx.make_ext4(&uuid);
@@ -595,6 +611,7 @@ impl Drop for Crowd {
 
 #[test]
 fn attach_asks_no_other_device_when_nothing_else_holds_the_file() {
+    needs_root!();
     let fx = Fixture::new();
     let crowd = Crowd::bind(&fx, 48);
     let uuid = new_uuid();
@@ -631,6 +648,7 @@ fn attach_asks_no_other_device_when_nothing_else_holds_the_file() {
 
 #[test]
 fn attach_finds_a_device_bound_by_hand_through_a_hard_link() {
+    needs_root!();
     let fx = Fixture::new();
     let _crowd = Crowd::bind(&fx, 4);
     let uuid = new_uuid();
@@ -686,6 +704,7 @@ fn bound_by_hand(file: &std::path::Path, extra: &[&str]) -> String {
 
 #[test]
 fn detach_releases_a_second_device_bound_beside_the_noted_one() {
+    needs_root!();
     let fx = Fixture::new();
     let (uuid, file, device) = attached_ext4(&fx);
     let alias = fx.root.path().join("second-name");
@@ -704,6 +723,7 @@ fn detach_releases_a_second_device_bound_beside_the_noted_one() {
 
 #[test]
 fn detach_leaves_alone_a_noted_device_now_bound_to_another_file() {
+    needs_root!();
     let fx = Fixture::new();
     let (uuid, file, device) = attached_ext4(&fx);
     // The device goes away behind our back and its number is handed to
@@ -725,6 +745,7 @@ fn detach_leaves_alone_a_noted_device_now_bound_to_another_file() {
 
 #[test]
 fn detach_releases_a_copy_in_another_storage_root_beside_the_noted_device() {
+    needs_root!();
     let fx = Fixture::new();
     fs::create_dir_all(fx.host("/srv/second")).unwrap();
     fs::write(
@@ -773,6 +794,7 @@ fn wait_until_stopped(child: &std::process::Child) {
 /// looked at before the release, not by a path looked up again after it).
 #[test]
 fn detach_releases_a_second_device_when_the_file_is_renamed_meanwhile() {
+    needs_root!();
     let fx = Fixture::new();
     let (uuid, file, device) = attached_ext4(&fx);
     let second = bound_by_hand(&file, &["-r"]);

@@ -296,6 +296,7 @@ fn consume(dir: &Path) -> ConsumerView {
 
 #[test]
 fn a_full_backing_file_system_keeps_synced_data_and_is_reported() {
+    needs_root!();
     let setup = Setup::new();
     let allocated_after_create = setup.allocated();
     println!(

@@ -654,36 +654,43 @@ fn bad_volume_category(category: &'static str) {
 
 #[test]
 fn syntax_errors() {
+    needs_root!();
     bad_volume_category("syntax");
 }
 
 #[test]
 fn wrong_types() {
+    needs_root!();
     bad_volume_category("types");
 }
 
 #[test]
 fn bad_sizes() {
+    needs_root!();
     bad_volume_category("sizes");
 }
 
 #[test]
 fn bad_uuids() {
+    needs_root!();
     bad_volume_category("uuids");
 }
 
 #[test]
 fn bad_paths_and_names() {
+    needs_root!();
     bad_volume_category("paths");
 }
 
 #[test]
 fn bad_modes_and_sector_sizes() {
+    needs_root!();
     bad_volume_category("modes");
 }
 
 #[test]
 fn bad_config() {
+    needs_root!();
     let mut bench = Bench::new("config");
     for case in corpus(&bench, "config", CONFIG) {
         bench.bad_config(&case);
@@ -696,6 +703,7 @@ fn bad_config() {
 
 #[test]
 fn unknown_keys_warn_and_keep_the_volume() {
+    needs_root!();
     let mut bench = Bench::new("unknown_keys");
     for case in corpus(&bench, "unknown_keys", "volume") {
         bench.unknown_key(&case);
@@ -801,6 +809,7 @@ fn generated_config_cases() -> Vec<Case> {
 
 #[test]
 fn bad_encodings_and_huge_files() {
+    needs_root!();
     let mut bench = Bench::new("encoding");
     for case in generated_encoding_cases() {
         bench.bad_volume(&case);
@@ -812,6 +821,7 @@ fn bad_encodings_and_huge_files() {
 /// (so the generator makes the unit), `attach` must refuse.
 #[test]
 fn backing_paths_through_links() {
+    needs_root!();
     let mut bench = Bench::new("links");
     let real = bench.host("/var/lib/sparse-volume/real");
     fs::create_dir(&real).expect("mkdir");
@@ -872,6 +882,7 @@ fn backing_paths_through_links() {
 /// under the root changes. (A NUL cannot be passed in argv at all.)
 #[test]
 fn bad_command_lines() {
+    needs_root!();
     let mut bench = Bench::new("cli");
     let good = bench.good.clone();
     let upper = good.to_uppercase();
@@ -1215,6 +1226,7 @@ fn bad_command_lines() {
 /// line each (never read through, never waited on), the rest unharmed.
 #[test]
 fn special_registry_files() {
+    needs_root!();
     use std::os::unix::fs::chown;
 
     let mut bench = Bench::new("file_kinds");

@@ -61,6 +61,7 @@ fn allocated(path: &Path) -> u64 {
 
 #[test]
 fn by_default_a_create_may_take_the_free_space_and_not_a_mib_more() {
+    needs_root!();
     let fx = Fixture::new();
     let storage = fx.mount_storage(STORAGE);
     let free = storage.free();
@@ -77,6 +78,7 @@ fn by_default_a_create_may_take_the_free_space_and_not_a_mib_more() {
 
 #[test]
 fn a_reserve_in_bytes_is_kept_to_the_byte() {
+    needs_root!();
     let fx = Fixture::new();
     let storage = fx.mount_storage(STORAGE);
     let free = storage.free();
@@ -98,6 +100,7 @@ fn a_reserve_in_bytes_is_kept_to_the_byte() {
 
 #[test]
 fn a_reserve_in_percent_is_taken_from_the_file_system_size() {
+    needs_root!();
     let fx = Fixture::new();
     let storage = fx.mount_storage(STORAGE);
     write_config(&fx, "reserve = \"25%\"\n");
@@ -124,6 +127,7 @@ fn a_reserve_in_percent_is_taken_from_the_file_system_size() {
 
 #[test]
 fn overcommit_ratio_two_promises_twice_the_free_space_and_counts_other_volumes() {
+    needs_root!();
     let fx = Fixture::new();
     let storage = fx.mount_storage(STORAGE);
     let free = storage.free();
@@ -181,6 +185,7 @@ fn overcommit_ratio_two_promises_twice_the_free_space_and_counts_other_volumes()
 
 #[test]
 fn settings_that_do_not_validate_refuse_creates_with_file_and_line() {
+    needs_root!();
     let fx = Fixture::new();
     let storage = fx.mount_storage(STORAGE);
     for (text, reason) in [
@@ -237,6 +242,7 @@ fn recorded_mkfs_options(fx: &Fixture, uuid: &str) -> Vec<String> {
 
 #[test]
 fn mkfs_options_reach_mkfs_ext4_and_are_recorded() {
+    needs_root!();
     let fx = Fixture::new();
     let uuid = new_uuid();
     fx.run_ok(&[
@@ -273,6 +279,7 @@ fn mkfs_options_reach_mkfs_ext4_and_are_recorded() {
 
 #[test]
 fn mkfs_options_reach_mkfs_xfs() {
+    needs_root!();
     let fx = Fixture::new();
     let uuid = new_uuid();
     fx.run_ok(&[
@@ -310,6 +317,7 @@ fn create_with_bad_option(fx: &Fixture, uuid: &str) -> Run {
 
 #[test]
 fn a_bad_mkfs_option_is_refused_with_the_reason_mkfs_gave() {
+    needs_root!();
     let fx = Fixture::new();
     let uuid = new_uuid();
     let run = create_with_bad_option(&fx, &uuid);
@@ -329,6 +337,7 @@ fn a_bad_mkfs_option_is_refused_with_the_reason_mkfs_gave() {
 
 #[test]
 fn a_bad_mkfs_option_leaves_no_file_and_no_entry() {
+    needs_root!();
     let fx = Fixture::new();
     let storage = fx.mount_storage(STORAGE);
     let uuid = new_uuid();
@@ -350,6 +359,7 @@ fn a_bad_mkfs_option_leaves_no_file_and_no_entry() {
 
 #[test]
 fn an_mkfs_option_cannot_give_the_volume_a_foreign_uuid() {
+    needs_root!();
     let fx = Fixture::new();
     let uuid = new_uuid();
     let foreign = new_uuid();

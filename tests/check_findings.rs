@@ -91,6 +91,7 @@ fn filesystem_uuid(path: &Path) -> String {
 
 #[test]
 fn a_healthy_registry_is_clean() {
+    needs_root!();
     // The control for every test below: without the fault, no finding.
     let fx = Fixture::new();
     healthy_volume(&fx);
@@ -101,6 +102,7 @@ fn a_healthy_registry_is_clean() {
 
 #[test]
 fn an_unreadable_registry_file_is_named_and_never_hides_the_others() {
+    needs_root!();
     let fx = Fixture::new();
     let good = healthy_volume(&fx);
     let bad = new_uuid();
@@ -132,6 +134,7 @@ fn an_unreadable_registry_file_is_named_and_never_hides_the_others() {
 
 #[test]
 fn a_leftover_registry_temporary_is_removed_by_repair() {
+    needs_root!();
     let fx = Fixture::new();
     let uuid = healthy_volume(&fx);
     let temporary = fx.host(&format!("/etc/sparse-volume/volumes.d/.{uuid}.toml.tmp"));
@@ -156,6 +159,7 @@ fn a_leftover_registry_temporary_is_removed_by_repair() {
 
 #[test]
 fn a_missing_backing_file_is_reported_and_its_entry_kept() {
+    needs_root!();
     let fx = Fixture::new();
     let uuid = new_uuid();
     fx.register(&uuid, "filesystem", "enabled = true\n");
@@ -198,6 +202,7 @@ impl Drop for DeviceGuard {
 
 #[test]
 fn a_deleted_backing_file_still_attached_names_the_device_that_holds_the_data() {
+    needs_root!();
     let fx = Fixture::new();
     let uuid = new_uuid();
     let created = fx
@@ -227,6 +232,7 @@ fn a_deleted_backing_file_still_attached_names_the_device_that_holds_the_data() 
 
 #[test]
 fn an_unsafe_backing_file_is_refused_and_left_alone() {
+    needs_root!();
     for (fault, expected) in [
         ("symlink", "is a symbolic link"),
         ("group-writable", "writable by group or others"),
@@ -282,6 +288,7 @@ fn an_unsafe_backing_file_is_refused_and_left_alone() {
 
 #[test]
 fn a_backing_file_of_another_size_than_recorded_is_reported_both_ways() {
+    needs_root!();
     for (delta, hint) in [
         (1i64 << 20, "interrupted resize"),
         (-(1i64 << 20), "the file shrank"),
@@ -314,6 +321,7 @@ fn a_backing_file_of_another_size_than_recorded_is_reported_both_ways() {
 
 #[test]
 fn a_create_mark_on_a_registered_file_is_cleared_by_repair() {
+    needs_root!();
     let fx = Fixture::new();
     let uuid = healthy_volume(&fx);
     let path = fx.backing(&uuid);
@@ -335,6 +343,7 @@ fn a_create_mark_on_a_registered_file_is_cleared_by_repair() {
 
 #[test]
 fn content_that_is_not_the_volume_is_never_attached_or_rewritten() {
+    needs_root!();
     for (mode, content) in [
         ("filesystem", "ext4 of another uuid"),
         ("block", "ext4 of its own uuid"),
@@ -377,6 +386,7 @@ fn content_that_is_not_the_volume_is_never_attached_or_rewritten() {
 
 #[test]
 fn committed_growth_beyond_free_space_is_overcommitted() {
+    needs_root!();
     let fx = Fixture::new();
     let storage = fx.mount_storage(128 << 20);
     healthy_volume(&fx);
@@ -418,6 +428,7 @@ fn committed_growth_beyond_free_space_is_overcommitted() {
 
 #[test]
 fn two_volumes_with_one_name_are_reported_and_left_as_they_are() {
+    needs_root!();
     let fx = Fixture::new();
     let (first, second) = (new_uuid(), new_uuid());
     for uuid in [&first, &second] {
@@ -449,6 +460,7 @@ fn two_volumes_with_one_name_are_reported_and_left_as_they_are() {
 
 #[test]
 fn a_config_that_does_not_validate_is_reported_with_file_and_line() {
+    needs_root!();
     let fx = Fixture::new();
     let uuid = healthy_volume(&fx);
     let config = fx.host("/etc/sparse-volume/config.toml");
@@ -481,6 +493,7 @@ fn check_as_nobody(fx: &Fixture) -> (Run, Value) {
 
 #[test]
 fn an_unprivileged_audit_says_what_it_could_not_verify() {
+    needs_root!();
     for hidden in ["file", "directory"] {
         let fx = Fixture::new();
         // The registry is world-readable on a real system.
@@ -517,6 +530,7 @@ const DIRECTLY: &str = "attached directly (cannot reach systemd on the system bu
 
 #[test]
 fn create_now_without_a_bus_says_it_attached_directly() {
+    needs_root!();
     let fx = Fixture::new();
     let uuid = new_uuid();
     let json = fx
@@ -536,6 +550,7 @@ fn create_now_without_a_bus_says_it_attached_directly() {
 
 #[test]
 fn check_repair_without_a_bus_says_it_attached_directly() {
+    needs_root!();
     let fx = Fixture::new();
     let uuid = new_uuid();
     fx.make_ext4(&uuid);

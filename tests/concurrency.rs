@@ -490,6 +490,7 @@ fn pick_kind(rng: &mut Rng) -> Kind {
 
 #[test]
 fn overlapping_operations_by_32_processes_leave_a_consistent_state() {
+    needs_root!();
     let seed = seed();
     let rounds: usize = std::env::var("SV_ROUNDS")
         .ok()
@@ -732,6 +733,7 @@ fn overlapping_operations_by_32_processes_leave_a_consistent_state() {
 /// two files are not.
 #[test]
 fn the_duplicate_watcher_confirms_a_file_bound_twice() {
+    needs_root!();
     let dir = tempfile::tempdir().expect("a directory");
     let path = |name: &str| dir.path().join(name).to_str().expect("UTF-8").to_string();
     let bind = |file: &str| {

@@ -423,6 +423,7 @@ fn timed(world: &World, plan: &Plan) -> Duration {
 
 #[test]
 fn random_sigkills_leave_state_that_check_repair_makes_whole() {
+    needs_root!();
     let seed = env_number("SV_SEED").unwrap_or_else(|| {
         std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)

@@ -335,6 +335,7 @@ fn crash_remove(fx: &Fixture, point: &str) -> Seen {
 
 #[test]
 fn every_crash_point_is_repaired_and_the_operation_completes_when_repeated() {
+    needs_root!();
     let mut table = Vec::new();
     for &point in Crash::ALL {
         let fx = Fixture::new();

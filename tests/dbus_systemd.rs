@@ -92,6 +92,7 @@ fn position(calls: &[String], wanted: &str) -> usize {
 
 #[test]
 fn enable_now_sets_the_flag_reloads_then_starts() {
+    needs_root!();
     let world = World::new();
     let uuid = world.volume(false);
 
@@ -138,6 +139,7 @@ fn enable_now_sets_the_flag_reloads_then_starts() {
 
 #[test]
 fn enable_without_now_only_reloads_and_a_hand_edit_is_noticed() {
+    needs_root!();
     let world = World::new();
     let uuid = world.volume(false);
     let report = world.run_ok(&["enable", &uuid, "--json"]).json();
@@ -163,6 +165,7 @@ fn enable_without_now_only_reloads_and_a_hand_edit_is_noticed() {
 
 #[test]
 fn disable_now_clears_the_flag_and_stops() {
+    needs_root!();
     let world = World::new();
     let uuid = world.volume(false);
     world.run_ok(&["enable", &uuid, "--now"]);
@@ -183,6 +186,7 @@ fn disable_now_clears_the_flag_and_stops() {
 
 #[test]
 fn dry_runs_through_systemd_run_no_job_and_agree_with_the_real_run() {
+    needs_root!();
     let world = World::new();
     let uuid = world.volume(false);
     let steps: [&[&str]; 7] = [
@@ -223,6 +227,7 @@ fn dry_runs_through_systemd_run_no_job_and_agree_with_the_real_run() {
 
 #[test]
 fn start_and_stop_report_changed_and_are_idempotent() {
+    needs_root!();
     let world = World::new();
     let uuid = world.volume(true);
     let started = world.run_ok(&["start", &uuid, "--json"]).json();
@@ -253,6 +258,7 @@ fn start_and_stop_report_changed_and_are_idempotent() {
 
 #[test]
 fn start_and_repair_bring_back_a_device_detached_behind_an_active_unit() {
+    needs_root!();
     // The unit is a oneshot with RemainAfterExit: it stays "active" after
     // someone detached its device by hand.
     let world = World::new();
@@ -282,6 +288,7 @@ fn start_and_repair_bring_back_a_device_detached_behind_an_active_unit() {
 
 #[test]
 fn stop_of_a_mounted_volume_fails_with_the_reason_and_changes_nothing() {
+    needs_root!();
     let world = World::new();
     let uuid = world.volume(true);
     let device = world.run_ok(&["start", &uuid, "--json"]).json()["device"]
@@ -312,6 +319,7 @@ fn stop_of_a_mounted_volume_fails_with_the_reason_and_changes_nothing() {
 
 #[test]
 fn stop_of_a_failed_unit_releases_the_device_it_left_bound() {
+    needs_root!();
     let world = World::new();
     let uuid = world.volume(true);
     // A start that failed after binding (say, the udev wait timed out).
@@ -330,6 +338,7 @@ fn stop_of_a_failed_unit_releases_the_device_it_left_bound() {
 
 #[test]
 fn a_failed_start_job_exits_1_naming_unit_and_result() {
+    needs_root!();
     let world = World::new();
     let uuid = world.volume(true);
     world.stub.set_job_result(Some("failed"));
@@ -358,6 +367,7 @@ fn a_failed_start_job_exits_1_naming_unit_and_result() {
 
 #[test]
 fn a_start_job_that_never_ends_times_out() {
+    needs_root!();
     let world = World::new();
     let uuid = world.volume(true);
     world.stub.set_job_result(None);
@@ -376,6 +386,7 @@ fn a_start_job_that_never_ends_times_out() {
 
 #[test]
 fn no_bus_at_all_fails_fast_and_changes_nothing() {
+    needs_root!();
     let fx = Fixture::new();
     let uuid = new_uuid();
     fx.register(&uuid, "filesystem", "enabled = false\n");
@@ -412,6 +423,7 @@ fn no_bus_at_all_fails_fast_and_changes_nothing() {
 
 #[test]
 fn a_bus_without_systemd_fails_fast() {
+    needs_root!();
     let fx = Fixture::new();
     let bus = PrivateBus::start();
     let uuid = new_uuid();
@@ -433,6 +445,7 @@ fn a_bus_without_systemd_fails_fast() {
 
 #[test]
 fn unregistered_volumes_are_named_in_the_error() {
+    needs_root!();
     let world = World::new();
     let uuid = new_uuid();
     for command in ["enable", "disable", "start", "status"] {
@@ -480,6 +493,7 @@ fn assert_volume_fields(volume: &serde_json::Value) {
 
 #[test]
 fn list_and_status_json_have_the_documented_fields() {
+    needs_root!();
     let world = World::new();
     let fx = &world.fx;
     let attached = new_uuid();

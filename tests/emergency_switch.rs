@@ -39,6 +39,7 @@ fn assert_skipped(fx: &Fixture, uuid: &str, switch: &str, file: &std::path::Path
 
 #[test]
 fn skip_refuses_the_listed_volumes_only() {
+    needs_root!();
     let fx = Fixture::new();
     let (skipped, other, also_skipped) = (new_uuid(), new_uuid(), new_uuid());
     let skipped_file = fx.make_ext4(&skipped);
@@ -75,6 +76,7 @@ fn skip_refuses_the_listed_volumes_only() {
 
 #[test]
 fn off_refuses_every_volume_and_the_last_word_wins() {
+    needs_root!();
     let fx = Fixture::new();
     let uuid = new_uuid();
     let file = fx.make_ext4(&uuid);
@@ -91,6 +93,7 @@ fn off_refuses_every_volume_and_the_last_word_wins() {
 
 #[test]
 fn detach_still_works_under_the_switch() {
+    needs_root!();
     // The switch keeps a volume out of the boot; it must never keep the
     // operator from taking one down.
     let fx = Fixture::new();
@@ -108,6 +111,7 @@ fn detach_still_works_under_the_switch() {
 
 #[test]
 fn check_reports_a_skipped_volume_and_repair_leaves_it_detached() {
+    needs_root!();
     // Recovery: boot with the switch, fix, `check --repair`. The repair
     // must not attach what the operator kept out of this boot.
     let fx = Fixture::new();

@@ -189,6 +189,7 @@ fn kill_and_finish(attached: bool, syscall: &str, nth: u32) -> bool {
 
 #[test]
 fn a_grow_killed_at_any_write_of_resize2fs_is_finished_by_the_next_resize() {
+    needs_root!();
     for attached in [false, true] {
         // The tools write with write(2) (with pwrite64 only when allowed to
         // rewrite superblocks piecemeal, which is what this test caught).

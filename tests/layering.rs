@@ -171,7 +171,9 @@ fn read_source(module: &[String], text: &str) -> Paths {
 
 fn layer_index(module: &[String]) -> Option<usize> {
     let first = module.first()?;
-    sparse_volume::LAYERS.iter().position(|layer| layer == first)
+    sparse_volume::LAYERS
+        .iter()
+        .position(|layer| layer == first)
 }
 
 /// The uses that point up, one line each.
@@ -197,7 +199,12 @@ fn upward(file: &str, arrows: &[Arrow]) -> Vec<String> {
 
 /// A module's node in the cycle check: its layer and the module below it.
 fn node(module: &[String]) -> String {
-    module.iter().take(2).cloned().collect::<Vec<_>>().join("::")
+    module
+        .iter()
+        .take(2)
+        .cloned()
+        .collect::<Vec<_>>()
+        .join("::")
 }
 
 /// Every cycle among the nodes, as the nodes on it.
@@ -253,7 +260,11 @@ fn no_module_uses_a_layer_above_its_own_and_no_modules_use_each_other_in_a_cycle
     let mut problems = Vec::new();
     for file in &files {
         let module = module_of(&src, file);
-        let name = file.strip_prefix(&src).expect("below src").display().to_string();
+        let name = file
+            .strip_prefix(&src)
+            .expect("below src")
+            .display()
+            .to_string();
         let text = fs::read_to_string(file).expect("reading a source file");
         let paths = read_source(&module, &text);
         if !module.is_empty() && layer_index(&module).is_none() {
@@ -264,9 +275,11 @@ fn no_module_uses_a_layer_above_its_own_and_no_modules_use_each_other_in_a_cycle
         }
         problems.extend(upward(&format!("src/{name}"), &paths.arrows));
         if name != "kernel/mod.rs" {
-            problems.extend(paths.allows_unsafe.iter().map(|line| {
-                format!("src/{name}:{line}: allows unsafe code outside src/kernel/")
-            }));
+            problems.extend(
+                paths.allows_unsafe.iter().map(|line| {
+                    format!("src/{name}:{line}: allows unsafe code outside src/kernel/")
+                }),
+            );
         }
         arrows.extend(paths.arrows);
     }
@@ -297,9 +310,15 @@ fn no_module_uses_a_layer_above_its_own_and_no_modules_use_each_other_in_a_cycle
 fn the_crate_root_denies_unsafe_code_and_only_the_kernel_layer_allows_it() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
     let lib = fs::read_to_string(root.join("lib.rs")).expect("lib.rs");
-    assert!(lib.contains("#![deny(unsafe_code)]"), "lib.rs must deny unsafe code");
+    assert!(
+        lib.contains("#![deny(unsafe_code)]"),
+        "lib.rs must deny unsafe code"
+    );
     let main = fs::read_to_string(root.join("main.rs")).expect("main.rs");
-    assert!(main.contains("#![deny(unsafe_code)]"), "main.rs must deny unsafe code");
+    assert!(
+        main.contains("#![deny(unsafe_code)]"),
+        "main.rs must deny unsafe code"
+    );
     let kernel = fs::read_to_string(root.join("kernel/mod.rs")).expect("kernel/mod.rs");
     assert!(kernel.contains("#![allow(unsafe_code)]"));
 }
@@ -323,7 +342,10 @@ fn a_planted_upward_use_is_reported() {
             "{found:?}"
         );
     }
-    let down = read_source(&["engine".into(), "attach".into()], "use crate::kernel::files;\n");
+    let down = read_source(
+        &["engine".into(), "attach".into()],
+        "use crate::kernel::files;\n",
+    );
     assert!(upward("x", &down.arrows).is_empty());
     let unsafe_allowed = read_source(&kernel_file, "#[allow(unsafe_code)]\nfn f() {}\n");
     assert_eq!(unsafe_allowed.allows_unsafe, vec![1]);
@@ -336,7 +358,19 @@ fn a_planted_cycle_is_reported() {
         "use crate::engine::detach::x;\n",
     )
     .arrows;
-    arrows.extend(read_source(&["engine".into(), "detach".into()], "use crate::engine::attach::y;\n").arrows);
+    arrows.extend(
+        read_source(
+            &["engine".into(), "detach".into()],
+            "use crate::engine::attach::y;\n",
+        )
+        .arrows,
+    );
     let found = cycles(&edges_of(&arrows));
-    assert_eq!(found, vec![vec!["engine::attach".to_string(), "engine::detach".to_string()]]);
+    assert_eq!(
+        found,
+        vec![vec![
+            "engine::attach".to_string(),
+            "engine::detach".to_string()
+        ]]
+    );
 }

@@ -202,6 +202,7 @@ fn golden(name: &str, actual: &str) {
 
 #[test]
 fn two_hundred_volumes_fit_a_hundred_columns() {
+    needs_root!();
     let fx = Fixture::new();
     let world = Registry200::new(&fx);
     let device = common::tool(
@@ -379,6 +380,7 @@ fn json_keys_are_kept() {
 
 #[test]
 fn a_warning_is_said_once_not_once_per_volume() {
+    needs_root!();
     let fx = Fixture::new();
     let storage = fx.mount_storage(64 << 20);
     let ids: Vec<String> = (0..3).map(|_| common::new_uuid()).collect();
@@ -442,6 +444,7 @@ fn a_warning_is_said_once_not_once_per_volume() {
 
 #[test]
 fn every_file_system_holding_volumes_gets_a_footer_line() {
+    needs_root!();
     let fx = Fixture::new();
     let _storage = fx.mount_storage(64 << 20);
     // The volume's directory is no storage root any more (config.toml

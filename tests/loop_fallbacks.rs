@@ -221,6 +221,7 @@ fn run_case(fixture: &Fixture, case: &Case) -> Result<(), String> {
 
 #[test]
 fn every_attach_fallback_yields_the_device_the_volume_asks_for() {
+    needs_root!();
     let fixture = Fixture::new();
     let mut failures = Vec::new();
     for case in CASES {

@@ -131,6 +131,7 @@ fn metrics_while_stable<T: PartialEq + std::fmt::Debug>(
 
 #[test]
 fn every_number_matches_stat_and_statvfs_after_writes_and_fstrim() {
+    needs_root!();
     let fx = Fixture::new();
     let storage = fx.mount_storage(512 << 20);
     let db = fx.run_ok(&[
@@ -291,6 +292,7 @@ fn race_reader(
 
 #[test]
 fn the_textfile_is_replaced_atomically_under_a_racing_reader() {
+    needs_root!();
     let fx = Fixture::new();
     for _ in 0..20 {
         let uuid = common::new_uuid();
@@ -373,6 +375,7 @@ fn textfile_warnings(fx: &Fixture, dir: &str) -> Vec<String> {
 
 #[test]
 fn space_pressure_is_a_finding_and_one_log_line_per_crossing() {
+    needs_root!();
     let fx = Fixture::new();
     let storage = fx.mount_storage(160 << 20);
     fs::write(
@@ -479,6 +482,7 @@ fn space_pressure_is_a_finding_and_one_log_line_per_crossing() {
 
 #[test]
 fn registry_errors_and_the_last_check_are_exposed() {
+    needs_root!();
     let fx = Fixture::new();
     let uuid = common::new_uuid();
     fx.make_ext4(&uuid);

@@ -98,6 +98,7 @@ impl Drop for Mount {
 
 #[test]
 fn a_preallocated_volume_keeps_its_space_through_fstrim() {
+    needs_root!();
     let fixture = Fixture::new();
     let (uuid, path) = create(&fixture, &["--preallocate"]);
     let device = attach(&fixture, &uuid);
@@ -121,6 +122,7 @@ fn a_preallocated_volume_keeps_its_space_through_fstrim() {
 
 #[test]
 fn a_sparse_volume_returns_freed_space_on_fstrim() {
+    needs_root!();
     let fixture = Fixture::new();
     let (uuid, path) = create(&fixture, &[]);
     let device = attach(&fixture, &uuid);
@@ -148,6 +150,7 @@ fn a_sparse_volume_returns_freed_space_on_fstrim() {
 /// and will not raise it again: the number must come back clean.
 #[test]
 fn detaching_a_preallocated_volume_leaves_no_discard_limit_behind() {
+    needs_root!();
     let fixture = Fixture::new();
     let (uuid, _) = create(&fixture, &["--preallocate"]);
     let device = attach(&fixture, &uuid);
@@ -200,6 +203,7 @@ fn detaching_a_preallocated_volume_leaves_no_discard_limit_behind() {
 /// limit on the device; a sparse volume must not silently inherit it.
 #[test]
 fn a_sparse_volume_never_inherits_a_left_over_discard_limit() {
+    needs_root!();
     let fixture = Fixture::new();
     let (preallocated, _) = create(&fixture, &["--preallocate"]);
     let device = attach(&fixture, &preallocated);
@@ -221,6 +225,7 @@ fn a_sparse_volume_never_inherits_a_left_over_discard_limit() {
 
 #[test]
 fn growing_a_preallocated_volume_keeps_discards_off_and_allocates_the_new_space() {
+    needs_root!();
     let fixture = Fixture::new();
     let (uuid, path) = create(&fixture, &["--preallocate", "--mode", "block"]);
     let device = attach(&fixture, &uuid);
@@ -242,6 +247,7 @@ fn growing_a_preallocated_volume_keeps_discards_off_and_allocates_the_new_space(
 /// not keep that once the grow is done, whoever binds it next.
 #[test]
 fn growing_a_detached_preallocated_xfs_volume_leaves_no_discard_limit_behind() {
+    needs_root!();
     let fixture = Fixture::new();
     let uuid = fixture
         .run_ok(&[
@@ -306,6 +312,7 @@ fn findings_of_kind(fixture: &Fixture, args: &[&str], kind: &str) -> Vec<serde_j
 
 #[test]
 fn check_finds_and_refills_holes_in_a_preallocated_volume() {
+    needs_root!();
     let fixture = Fixture::new();
     let (uuid, path) = create(&fixture, &["--preallocate", "--mode", "block"]);
     // Punch into the middle of the partition, away from both GPT copies.
@@ -341,6 +348,7 @@ fn check_finds_and_refills_holes_in_a_preallocated_volume() {
 
 #[test]
 fn check_turns_discards_off_on_a_preallocated_volume_bound_by_another_tool() {
+    needs_root!();
     let fixture = Fixture::new();
     let (uuid, path) = create(&fixture, &["--preallocate"]);
     let device = tool(
@@ -367,6 +375,7 @@ fn check_turns_discards_off_on_a_preallocated_volume_bound_by_another_tool() {
 /// renewed; the sparse volume must still end up on exactly one device.
 #[test]
 fn a_held_device_with_a_left_over_limit_never_doubles_a_volume() {
+    needs_root!();
     let fixture = Fixture::new();
     let (preallocated, _) = create(&fixture, &["--preallocate"]);
     let device = attach(&fixture, &preallocated);

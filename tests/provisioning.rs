@@ -32,6 +32,7 @@ fn mount_point(fx: &Fixture, name: &str) -> PathBuf {
 
 #[test]
 fn filesystem_data_survives_detach_and_attach() {
+    needs_root!();
     let fx = Fixture::new();
     let uuid = new_uuid();
     let created = fx.run_ok(&[
@@ -56,6 +57,7 @@ fn filesystem_data_survives_detach_and_attach() {
 
 #[test]
 fn block_data_at_the_partition_offset_survives_detach_and_attach() {
+    needs_root!();
     let fx = Fixture::new();
     let uuid = new_uuid();
     let created = fx.run_ok(&[
@@ -87,6 +89,7 @@ fn block_data_at_the_partition_offset_survives_detach_and_attach() {
 
 #[test]
 fn create_is_idempotent_and_never_formats_existing_data() {
+    needs_root!();
     let fx = Fixture::new();
     let uuid = new_uuid();
     fx.run_ok(&["create", "--size", "32M", "--uuid", &uuid, "--name", "db"]);
@@ -128,6 +131,7 @@ fn create_is_idempotent_and_never_formats_existing_data() {
 
 #[test]
 fn sizes_are_rounded_up_and_uuid_reported() {
+    needs_root!();
     let fx = Fixture::new();
     let created = fx
         .run_ok(&["create", "--size", "10000000", "--json"])
@@ -160,6 +164,7 @@ fn sizes_are_rounded_up_and_uuid_reported() {
 
 #[test]
 fn register_adopts_only_matching_content() {
+    needs_root!();
     let fx = Fixture::new();
     let uuid = new_uuid();
     fx.make_ext4(&uuid);
@@ -185,6 +190,7 @@ fn register_adopts_only_matching_content() {
 
 #[test]
 fn remove_detaches_unregisters_and_keeps_or_deletes_data() {
+    needs_root!();
     let fx = Fixture::new();
     let kept = new_uuid();
     fx.run_ok(&["create", "--size", "32M", "--uuid", &kept, "--now"]);
@@ -240,6 +246,7 @@ fn df_size(mnt: &Path) -> u64 {
 /// recording the size, and running it again after unmounting finishes it.
 #[test]
 fn resize_grows_a_mounted_ext4_or_records_nothing() {
+    needs_root!();
     let fx = Fixture::new();
     let uuid = new_uuid();
     let device = device_of(&fx.run_ok(&[
@@ -304,6 +311,7 @@ fn resize_grows_a_mounted_ext4_or_records_nothing() {
 
 #[test]
 fn resize_grows_detached_xfs_and_block_volumes() {
+    needs_root!();
     let fx = Fixture::new();
     let xfs = new_uuid();
     fx.run_ok(&["create", "--size", "320M", "--fs", "xfs", "--uuid", &xfs]);
@@ -403,6 +411,7 @@ impl Drop for SmallStorage<'_> {
 
 #[test]
 fn concurrent_creates_get_exactly_the_space_there_is() {
+    needs_root!();
     let fx = Fixture::new();
     let storage = SmallStorage::new(&fx);
     let size: u64 = 200 << 20;
@@ -484,6 +493,7 @@ fn concurrent_creates_get_exactly_the_space_there_is() {
 
 #[test]
 fn resizes_that_would_overrun_are_refused_and_not_recorded() {
+    needs_root!();
     let fx = Fixture::new();
     let storage = SmallStorage::new(&fx);
     let before = storage.available();
@@ -534,6 +544,7 @@ fn assert_check_clean(fx: &Fixture) {
 
 #[test]
 fn killed_creates_leave_nothing_check_cannot_clean() {
+    needs_root!();
     for point in [
         "create:after-allocate",
         "create:after-format",
@@ -600,6 +611,7 @@ fn assert_check_clean_after_detach(fx: &Fixture, uuid: &str) {
 
 #[test]
 fn a_create_killed_before_its_registry_entry_is_completed_by_running_it_again() {
+    needs_root!();
     let fx = Fixture::new();
     let uuid = new_uuid();
     let status = fx
@@ -618,6 +630,7 @@ fn a_create_killed_before_its_registry_entry_is_completed_by_running_it_again() 
 
 #[test]
 fn check_repairs_duplicates_and_unowned_devices_and_attaches_enabled_volumes() {
+    needs_root!();
     let fx = Fixture::new();
     let uuid = new_uuid();
     fx.run_ok(&["create", "--size", "32M", "--uuid", &uuid]);

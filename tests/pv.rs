@@ -226,6 +226,7 @@ fn check_against_registry(fixture: &Fixture, volume: &Volume, pv: &Value, node: 
 
 #[test]
 fn every_manifest_passes_the_kubernetes_schema_and_says_what_the_registry_says() {
+    needs_root!();
     let volumes = Volumes::new();
     let fixture = &volumes.fixture;
     let node = host_name();
@@ -252,6 +253,7 @@ fn every_manifest_passes_the_kubernetes_schema_and_says_what_the_registry_says()
 
 #[test]
 fn all_lists_exactly_the_enabled_volumes() {
+    needs_root!();
     let volumes = Volumes::new();
     let fixture = &volumes.fixture;
     let node = host_name();
@@ -296,6 +298,7 @@ fn all_lists_exactly_the_enabled_volumes() {
 
 #[test]
 fn no_enabled_volume_means_no_documents() {
+    needs_root!();
     let fixture = Fixture::new();
     let empty = fixture.run_ok(&["pv", "--all"]);
     assert_eq!(empty.stdout, "");
@@ -315,6 +318,7 @@ fn no_enabled_volume_means_no_documents() {
 
 #[test]
 fn options_reach_the_manifest() {
+    needs_root!();
     let fixture = Fixture::new();
     let uuid = new_uuid();
     fixture.run_ok(&["create", "--uuid", &uuid, "--size", "10G"]);
@@ -370,6 +374,7 @@ fn pv_on_host(fixture: &Fixture, name: &str, uuid: &str) -> Run {
 
 #[test]
 fn the_default_node_is_the_host_name_as_kubelet_registers_it() {
+    needs_root!();
     let fixture = Fixture::new();
     let uuid = new_uuid();
     fixture.run_ok(&["create", "--uuid", &uuid, "--size", "64M"]);
@@ -400,6 +405,7 @@ fn the_default_node_is_the_host_name_as_kubelet_registers_it() {
 
 #[test]
 fn errors_are_one_line_and_exit_1() {
+    needs_root!();
     let fixture = Fixture::new();
     let uuid = new_uuid();
     fixture.run_ok(&["create", "--uuid", &uuid, "--size", "64M"]);
@@ -431,6 +437,7 @@ fn errors_are_one_line_and_exit_1() {
 /// that is an error, not an empty list that would read as "no volumes".
 #[test]
 fn an_untrusted_registry_is_an_error_not_an_empty_list() {
+    needs_root!();
     let fixture = Fixture::new();
     let uuid = new_uuid();
     fixture.run_ok(&["create", "--uuid", &uuid, "--size", "64M"]);
@@ -449,6 +456,7 @@ fn an_untrusted_registry_is_an_error_not_an_empty_list() {
 /// manifest it was made from passes.
 #[test]
 fn the_validator_rejects_broken_manifests() {
+    needs_root!();
     let fixture = Fixture::new();
     let uuid = new_uuid();
     fixture.run_ok(&["create", "--uuid", &uuid, "--size", "64M"]);

@@ -76,6 +76,7 @@ fn spoil(fx: &Fixture, uuid: &str, how: &str) {
 
 #[test]
 fn an_untrusted_volume_file_is_refused_and_the_others_keep_working() {
+    needs_root!();
     for (how, says) in [
         ("group-writable", "mode 0664"),
         ("world-writable", "mode 0646"),
@@ -135,6 +136,7 @@ fn an_untrusted_volume_file_is_refused_and_the_others_keep_working() {
 
 #[test]
 fn a_writable_registry_directory_refuses_every_volume_with_one_finding() {
+    needs_root!();
     let fx = Fixture::new();
     let (a, b) = (new_uuid(), new_uuid());
     for uuid in [&a, &b] {
@@ -186,6 +188,7 @@ fn a_writable_registry_directory_refuses_every_volume_with_one_finding() {
 
 #[test]
 fn a_writable_config_is_reported_and_volumes_still_attach() {
+    needs_root!();
     let fx = Fixture::new();
     let uuid = new_uuid();
     fx.run_ok(&["create", "--size", "16M", "--uuid", &uuid]);
@@ -220,6 +223,7 @@ fn a_writable_config_is_reported_and_volumes_still_attach() {
 
 #[test]
 fn two_registry_files_for_one_backing_file_are_reported_and_attach_once() {
+    needs_root!();
     let fx = Fixture::new();
     let owner = new_uuid();
     fx.run_ok(&["create", "--size", "16M", "--uuid", &owner]);
@@ -298,6 +302,7 @@ fn interrupted_create(fx: &Fixture, uuid: &str, logical: &str, point: &str) {
 
 #[test]
 fn leftovers_are_found_at_any_depth_of_a_storage_root() {
+    needs_root!();
     let fx = Fixture::new();
     let deep = "/var/lib/sparse-volume/pods/team-a";
     // A registered volume down there is nobody's leftover.

@@ -51,6 +51,7 @@ fn detach_all_in_fixture(fx: &Fixture) {
 
 #[test]
 fn a_name_the_parser_refuses_is_refused_before_anything_is_created() {
+    needs_root!();
     let fx = Fixture::new();
     let uuid = new_uuid();
     let run = fx.run(&["create", "--size", "16M", "--uuid", &uuid, "--name", "a\tb"]);
@@ -67,6 +68,7 @@ fn a_name_the_parser_refuses_is_refused_before_anything_is_created() {
 
 #[test]
 fn a_non_utf8_path_is_refused_in_one_line_leaving_nothing() {
+    needs_root!();
     let fx = Fixture::new();
     let uuid = new_uuid();
     let path = std::ffi::OsStr::from_bytes(b"/var/lib/sparse-volume/\xff");
@@ -89,6 +91,7 @@ fn a_non_utf8_path_is_refused_in_one_line_leaving_nothing() {
 
 #[test]
 fn hidden_and_creating_names_cannot_be_volume_paths() {
+    needs_root!();
     // Was: create A at ".B.creating", then `create --uuid B` deleted A's
     // file as B's stale temporary.
     let fx = Fixture::new();
@@ -104,6 +107,7 @@ fn hidden_and_creating_names_cannot_be_volume_paths() {
 
 #[test]
 fn remove_never_deletes_a_file_that_is_not_the_volumes() {
+    needs_root!();
     let fx = Fixture::new();
     let (mine, neighbour) = (new_uuid(), new_uuid());
     fx.run_ok(&["create", "--size", "16M", "--uuid", &mine]);
@@ -139,6 +143,7 @@ fn remove_never_deletes_a_file_that_is_not_the_volumes() {
 
 #[test]
 fn an_attach_racing_remove_delete_data_never_binds_the_deleted_file() {
+    needs_root!();
     let fx = Fixture::new();
     let uuid = new_uuid();
     fx.run_ok(&["create", "--size", "16M", "--uuid", &uuid]);
@@ -228,6 +233,7 @@ fn waits_for_the_lock(fx: &Fixture, args: &[&str]) -> (bool, std::process::Child
 
 #[test]
 fn resize_and_repair_wait_for_the_volume_lock() {
+    needs_root!();
     let fx = Fixture::new();
     let uuid = new_uuid();
     fx.run_ok(&["create", "--size", "16M", "--uuid", &uuid]);
@@ -274,6 +280,7 @@ fn create_killed_before_unmark(fx: &Fixture, uuid: &str) {
 
 #[test]
 fn data_kept_by_remove_is_never_taken_for_an_interrupted_create() {
+    needs_root!();
     let fx = Fixture::new();
     let uuid = new_uuid();
     create_killed_before_unmark(&fx, &uuid);
@@ -293,6 +300,7 @@ fn data_kept_by_remove_is_never_taken_for_an_interrupted_create() {
 
 #[test]
 fn rerunning_an_interrupted_create_clears_the_mark() {
+    needs_root!();
     let fx = Fixture::new();
     let uuid = new_uuid();
     create_killed_before_unmark(&fx, &uuid);
@@ -309,6 +317,7 @@ fn rerunning_an_interrupted_create_clears_the_mark() {
 
 #[test]
 fn a_file_named_by_an_unreadable_registry_file_is_owned() {
+    needs_root!();
     let fx = Fixture::new();
     let uuid = new_uuid();
     create_killed_before_unmark(&fx, &uuid);
@@ -336,6 +345,7 @@ fn a_file_named_by_an_unreadable_registry_file_is_owned() {
 
 #[test]
 fn check_never_detaches_the_last_copy_of_deleted_data() {
+    needs_root!();
     let fx = Fixture::new();
     let uuid = new_uuid();
     fx.run_ok(&["create", "--size", "16M", "--uuid", &uuid]);
@@ -358,6 +368,7 @@ fn check_never_detaches_the_last_copy_of_deleted_data() {
 
 #[test]
 fn unknown_keys_warn_and_keep_every_volume_working() {
+    needs_root!();
     let fx = Fixture::new();
     fs::write(
         fx.host("/etc/sparse-volume/config.toml"),
@@ -392,6 +403,7 @@ fn unknown_keys_warn_and_keep_every_volume_working() {
 
 #[test]
 fn a_broken_config_leaves_registered_volumes_attaching_and_stops_provisioning() {
+    needs_root!();
     let fx = Fixture::new();
     let uuid = new_uuid();
     fx.run_ok(&["create", "--size", "16M", "--uuid", &uuid]);
@@ -414,6 +426,7 @@ fn a_broken_config_leaves_registered_volumes_attaching_and_stops_provisioning() 
 
 #[test]
 fn a_volume_outside_the_configured_roots_still_attaches() {
+    needs_root!();
     // `apt-get purge` removes config.toml and with it a second root.
     let fx = Fixture::new();
     let second = fx.host("/srv/volumes");
@@ -437,6 +450,7 @@ fn a_volume_outside_the_configured_roots_still_attaches() {
 
 #[test]
 fn capacity_refusals_say_how_to_allow_more() {
+    needs_root!();
     let fx = Fixture::new();
     let run = fx.run(&["create", "--size", "1P"]);
     assert_eq!(run.code, 1);
@@ -447,6 +461,7 @@ fn capacity_refusals_say_how_to_allow_more() {
 
 #[test]
 fn non_root_gets_one_clear_line_and_can_still_read() {
+    needs_root!();
     let fx = Fixture::new();
     let uuid = new_uuid();
     fx.run_ok(&["create", "--size", "16M", "--uuid", &uuid]);
@@ -479,6 +494,7 @@ fn non_root_gets_one_clear_line_and_can_still_read() {
 
 #[test]
 fn a_registry_file_that_is_not_even_text_still_owns_its_file() {
+    needs_root!();
     let fx = Fixture::new();
     let uuid = new_uuid();
     create_killed_before_unmark(&fx, &uuid);
@@ -495,6 +511,7 @@ fn a_registry_file_that_is_not_even_text_still_owns_its_file() {
 
 #[test]
 fn stop_and_remove_never_detach_the_last_copy_of_deleted_data() {
+    needs_root!();
     let fx = Fixture::new();
     let uuid = new_uuid();
     fx.run_ok(&["create", "--size", "16M", "--uuid", &uuid]);
@@ -517,6 +534,7 @@ fn stop_and_remove_never_detach_the_last_copy_of_deleted_data() {
 /// resize2fs against a live file system. resize refuses and changes nothing.
 #[test]
 fn resize_refuses_a_file_attached_through_two_devices() {
+    needs_root!();
     let fx = Fixture::new();
     let created = fx
         .run_ok(&["create", "--size", "64M", "--now", "--json"])

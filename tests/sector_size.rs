@@ -236,6 +236,7 @@ fn assert_direct_io(device: &str, expected: bool) {
 
 #[test]
 fn ext4_volume_on_a_4k_storage_root_mounts() {
+    needs_root!();
     let fx = Fixture::new();
     let _root = FourKRoot::new(&fx);
     let (uuid, device, _) = create_on_4k_root(&fx, &["--size", "64M"]);
@@ -248,6 +249,7 @@ fn ext4_volume_on_a_4k_storage_root_mounts() {
 
 #[test]
 fn xfs_volume_on_a_4k_storage_root_mounts() {
+    needs_root!();
     let fx = Fixture::new();
     let _root = FourKRoot::new(&fx);
     let (uuid, device, _) = create_on_4k_root(&fx, &["--size", "320M", "--fs", "xfs"]);
@@ -276,6 +278,7 @@ fn xfs_volume_on_a_4k_storage_root_mounts() {
 
 #[test]
 fn block_volume_on_a_4k_storage_root_shows_its_partition_and_grows() {
+    needs_root!();
     let fx = Fixture::new();
     let _root = FourKRoot::new(&fx);
     let (uuid, device, _) = create_on_4k_root(&fx, &["--size", "64M", "--mode", "block"]);
@@ -301,6 +304,7 @@ fn block_volume_on_a_4k_storage_root_shows_its_partition_and_grows() {
 
 #[test]
 fn volumes_with_512_byte_sectors_on_a_4k_root_work_buffered_and_say_so() {
+    needs_root!();
     let fx = Fixture::new();
     let _root = FourKRoot::new(&fx);
     let (xfs, device, run) = create_on_4k_root(
@@ -351,6 +355,7 @@ fn volumes_with_512_byte_sectors_on_a_4k_root_work_buffered_and_say_so() {
 
 #[test]
 fn register_detects_the_sector_size_of_adopted_content() {
+    needs_root!();
     let fx = Fixture::new();
     let register = |uuid: &str, extra: &[&str]| {
         let path = fx.logical_backing(uuid);
@@ -462,6 +467,7 @@ fn register_detects_the_sector_size_of_adopted_content() {
 /// Issue 9 item 16.
 #[test]
 fn register_detects_the_file_system_type() {
+    needs_root!();
     let fx = Fixture::new();
     let uuid = new_uuid();
     fx.make_xfs(&uuid);
@@ -485,6 +491,7 @@ fn register_detects_the_file_system_type() {
 /// Issue 9 item 6.
 #[test]
 fn attach_cancels_a_pending_detach_instead_of_adopting_a_vanishing_device() {
+    needs_root!();
     let fx = Fixture::new();
     let uuid = new_uuid();
     let device = device_of(&fx.run_ok(&[
@@ -536,6 +543,7 @@ fn attach_cancels_a_pending_detach_instead_of_adopting_a_vanishing_device() {
 /// Issue 9 item 10: rounding up to whole MiB must not wrap around.
 #[test]
 fn sizes_near_the_top_of_u64_are_too_large() {
+    needs_root!();
     let fx = Fixture::new();
     let huge = u64::MAX.to_string();
     let created = fx.run(&["create", "--size", &huge]);
@@ -555,6 +563,7 @@ fn sizes_near_the_top_of_u64_are_too_large() {
 /// device sees, not the copy in the device's page cache.
 #[test]
 fn a_grown_partition_table_is_seen_through_the_attached_device() {
+    needs_root!();
     let fx = Fixture::new();
     let uuid = new_uuid();
     let device = device_of(&fx.run_ok(&[
@@ -582,6 +591,7 @@ fn a_grown_partition_table_is_seen_through_the_attached_device() {
 /// cannot be reached through the CLI on this kernel; drive it directly.
 #[test]
 fn the_legacy_bind_path_sets_the_sector_size() {
+    needs_root!();
     let fx = Fixture::new();
     let path = fx.backing("legacy");
     fx.sparse_file(&path);

@@ -25,6 +25,7 @@ fn eventually(what: &str, condition: impl Fn() -> bool) {
 
 #[test]
 fn a_killed_resize_takes_its_e2fsck_with_it() {
+    needs_root!();
     let fx = Fixture::new();
     let created = fx.run_ok(&["create", "--size", "32M", "--json"]).json();
     let uuid = created["uuid"].as_str().expect("uuid").to_string();

@@ -164,6 +164,7 @@ fn device_of(run: &common::Run) -> String {
 
 #[test]
 fn udev_sees_one_synthetic_change_and_no_writer_close() {
+    needs_root!();
     let fx = Fixture::new();
     let filesystem = common::new_uuid();
     fx.make_ext4(&filesystem);

@@ -132,8 +132,14 @@ mod tests {
     #[test]
     fn the_unit_roles_take_one_canonical_uuid() {
         let uuid = "6f1c2a8e-3b4d-4e5f-8a9b-0c1d2e3f4a5b";
-        assert!(matches!(parse(&["--attach", uuid]), Ok(Invocation::Attach(_))));
-        assert!(matches!(parse(&["--detach", uuid]), Ok(Invocation::Detach(_))));
+        assert!(matches!(
+            parse(&["--attach", uuid]),
+            Ok(Invocation::Attach(_))
+        ));
+        assert!(matches!(
+            parse(&["--detach", uuid]),
+            Ok(Invocation::Detach(_))
+        ));
         for args in [
             &["--attach"][..],
             &["--attach", "not-a-uuid"],

@@ -18,9 +18,9 @@ use std::path::Path;
 use anyhow::{Context, Result};
 use nix::errno::Errno;
 use nix::fcntl::renameat;
-use sparse_volume::kernel::files::create_new_at;
 use nix::sys::stat::{mkdirat, Mode};
 use nix::unistd::{symlinkat, unlinkat, UnlinkatFlags};
+use sparse_volume::kernel::files::create_new_at;
 
 use crate::units::{Output, Outputs};
 

@@ -52,7 +52,10 @@ fn write(path: &Path, text: &str) {
 /// consumers of the tests.
 fn install_executables(r: &Path) {
     for (dir, name) in [
-        ("usr/lib/systemd/system-generators", "sparse-volume-generator"),
+        (
+            "usr/lib/systemd/system-generators",
+            "sparse-volume-generator",
+        ),
         ("usr/bin", "sparse-volume"),
     ] {
         fs::create_dir_all(r.join(dir)).unwrap();
@@ -312,8 +315,7 @@ fn promised_orderings_hold() {
 /// the path as the registry has it.
 #[test]
 fn awkward_paths_reach_systemd_intact() {
-    let fixture =
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/golden/11-special-characters");
+    let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/golden/11-special-characters");
     let root = TempDir::new().unwrap();
     let r = root.path();
     let units = r.join("usr/lib/systemd/system");

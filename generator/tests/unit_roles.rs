@@ -1,0 +1,212 @@
+//! The unit's roles of the generator's binary: `--attach UUID` (ExecStart)
+//! and `--detach UUID` (ExecStop) do what `sparse-volume attach|detach` do,
+//! print the same lines, mark warnings and failures with their syslog
+//! priority when stderr is the journal, and read the registry once. The
+//! tests that bind loop devices need root and say so without it.
+
+use std::fs;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use tempfile::TempDir;
+
+const UUID: &str = "0b7e4a52-21c4-4f5e-9d9e-3a6c4b1f2e11";
+
+/// A registry root with one ext4 volume (registered when `registered`).
+struct Tree {
+    root: TempDir,
+}
+
+impl Tree {
+    fn new(registered: bool, extra: &str) -> Self {
+        let root = tempfile::Builder::new()
+            .prefix("sv-unit-roles-")
+            .tempdir()
+            .expect("a temporary root");
+        let tree = Self { root };
+        for dir in ["etc/sparse-volume/volumes.d", "var/lib/sparse-volume"] {
+            fs::create_dir_all(tree.path(dir)).unwrap();
+        }
+        let backing = tree.backing();
+        fs::File::create(&backing)
+            .unwrap()
+            .set_len(32 << 20)
+            .unwrap();
+        fs::set_permissions(&backing, fs::Permissions::from_mode(0o600)).unwrap();
+        let made = Command::new("mkfs.ext4")
+            .args(["-q", "-F", "-U", UUID])
+            .arg(&backing)
+            .status()
+            .expect("running mkfs.ext4");
+        assert!(made.success());
+        if registered {
+            fs::write(
+                tree.path(&format!("etc/sparse-volume/volumes.d/{UUID}.toml")),
+                format!(
+                    "uuid = \"{UUID}\"\npath = \"/var/lib/sparse-volume/{UUID}\"\nsize = {}\nmode = \"filesystem\"\n{extra}",
+                    32 << 20
+                ),
+            )
+            .unwrap();
+        }
+        tree
+    }
+
+    fn path(&self, relative: &str) -> PathBuf {
+        self.root.path().join(relative)
+    }
+
+    fn backing(&self) -> PathBuf {
+        self.path(&format!("var/lib/sparse-volume/{UUID}"))
+    }
+
+    fn run(&self, role: &str, journal: bool) -> Output {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_sparse-volume-generator"));
+        command
+            .args([role, UUID])
+            .env("SPARSE_VOLUME_ROOT", self.root.path())
+            .env_remove("JOURNAL_STREAM");
+        if journal {
+            command.env("JOURNAL_STREAM", "8:1234");
+        }
+        command.output().expect("running sparse-volume-generator")
+    }
+
+    /// Loop devices on the backing file, as util-linux sees them.
+    fn devices(&self) -> Vec<String> {
+        let output = Command::new("losetup")
+            .args(["--noheadings", "--output", "NAME", "-j"])
+            .arg(self.backing())
+            .output()
+            .expect("running losetup");
+        String::from_utf8_lossy(&output.stdout)
+            .split_whitespace()
+            .map(str::to_string)
+            .collect()
+    }
+}
+
+impl Drop for Tree {
+    fn drop(&mut self) {
+        for device in self.devices() {
+            let _ = Command::new("losetup").args(["-d", &device]).status();
+        }
+    }
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+fn root_or_skip() -> bool {
+    let root = nix::unistd::geteuid().is_root();
+    if !root {
+        eprintln!("skipped: needs root (real loop devices); tests/run runs it as root");
+    }
+    root
+}
+
+#[test]
+fn an_unregistered_volume_is_refused_in_one_line_naming_it() {
+    let tree = Tree::new(false, "");
+    let out = tree.run("--attach", false);
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    assert!(out.stdout.is_empty(), "{out:?}");
+    let stderr = text(&out.stderr);
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    assert!(
+        stderr.starts_with(&format!(
+            "sparse-volume: attaching {UUID}: the volume is not registered"
+        )),
+        "{stderr}"
+    );
+    // In the journal, the line carries its priority (journald removes it).
+    let out = tree.run("--attach", true);
+    assert!(
+        text(&out.stderr).starts_with("<3>sparse-volume: attaching "),
+        "{out:?}"
+    );
+}
+
+#[test]
+fn detaching_a_volume_that_is_not_attached_is_success() {
+    let tree = Tree::new(true, "");
+    let out = tree.run("--detach", false);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    assert_eq!(text(&out.stdout), format!("{UUID} is not attached\n"));
+}
+
+#[test]
+fn attach_and_detach_bind_and_release_one_device() {
+    if !root_or_skip() {
+        return;
+    }
+    let tree = Tree::new(true, "frobnicate = 1\n");
+    let out = tree.run("--attach", true);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let devices = tree.devices();
+    assert_eq!(devices.len(), 1, "{devices:?}");
+    let stdout = text(&out.stdout);
+    assert_eq!(stdout, format!("attached {UUID} as {} (udev is not running: not waiting for /dev/disk/by-uuid/{UUID})\n", devices[0]));
+    // The ignored key is said, as a warning, in the unit's journal.
+    let stderr = text(&out.stderr);
+    assert!(
+        stderr
+            .lines()
+            .any(|l| l.starts_with("<4>sparse-volume: warning: ") && l.contains("frobnicate")),
+        "{stderr}"
+    );
+    // Again: the same device, nothing new.
+    let again = tree.run("--attach", false);
+    assert_eq!(again.status.code(), Some(0), "{again:?}");
+    assert!(
+        text(&again.stdout).contains("was already attached"),
+        "{again:?}"
+    );
+    assert_eq!(tree.devices(), devices);
+
+    let out = tree.run("--detach", false);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    assert_eq!(
+        text(&out.stdout),
+        format!("detached {UUID} ({})\n", devices[0])
+    );
+    assert!(tree.devices().is_empty());
+}
+
+/// What each role opens of the registry, as strace sees it: config.toml
+/// and the volume's file once each, nothing else of /etc/sparse-volume.
+#[test]
+fn the_registry_is_read_once() {
+    if !root_or_skip() {
+        return;
+    }
+    let tree = Tree::new(true, "");
+    fs::write(
+        tree.path("etc/sparse-volume/config.toml"),
+        "direct_io = true\n",
+    )
+    .unwrap();
+    let trace = tree.path("trace");
+    let status = Command::new("strace")
+        .args(["-f", "-e", "trace=open,openat,openat2", "-o"])
+        .arg(&trace)
+        .arg(env!("CARGO_BIN_EXE_sparse-volume-generator"))
+        .args(["--attach", UUID])
+        .env("SPARSE_VOLUME_ROOT", tree.root.path())
+        .status()
+        .expect("running strace");
+    assert!(status.success());
+    let opened = fs::read_to_string(&trace).unwrap();
+    let registry = tree.path("etc/sparse-volume");
+    let reads: Vec<&str> = opened
+        .lines()
+        .filter(|l| l.contains(&*registry.to_string_lossy()) && !l.contains("O_DIRECTORY"))
+        .collect();
+    let count = |name: &str| reads.iter().filter(|l| l.contains(name)).count();
+    assert_eq!(count("config.toml"), 1, "{reads:#?}");
+    assert_eq!(count(&format!("{UUID}.toml")), 1, "{reads:#?}");
+    assert_eq!(reads.len(), 2, "{reads:#?}");
+    assert!(Path::new(&tree.backing()).exists());
+}
