@@ -260,7 +260,7 @@ fn audit(registry: &Registry, repair: bool) -> Result<CheckReport> {
             ),
         }
     }
-    untrusted_directory(&mut audit, &registry, &refused_in_directory);
+    untrusted_directory(&mut audit, registry, &refused_in_directory);
     registry_temporaries(&mut audit);
 
     for volume in &volumes {
@@ -268,9 +268,9 @@ fn audit(registry: &Registry, repair: bool) -> Result<CheckReport> {
     }
     duplicate_backing_files(&mut audit, &volumes);
     duplicate_names(&mut audit, &volumes);
-    storage_root_leftovers(&mut audit, &registry, &owned, &registered)?;
-    overcommitment(&mut audit, &registry, &volumes);
-    low_headroom(&mut audit, &registry, &volumes);
+    storage_root_leftovers(&mut audit, registry, &owned, &registered)?;
+    overcommitment(&mut audit, registry, &volumes);
+    low_headroom(&mut audit, registry, &volumes);
 
     let clean = audit
         .findings

@@ -88,7 +88,7 @@ fn manifests(registry: &Registry, request: &PvRequest) -> Result<String> {
             Ok(single(&render(&volume), request.format))
         }
         None => {
-            let items: Vec<Value> = enabled_volumes(&registry)?.iter().map(render).collect();
+            let items: Vec<Value> = enabled_volumes(registry)?.iter().map(render).collect();
             Ok(several(&items, request.format))
         }
     }

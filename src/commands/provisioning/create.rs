@@ -248,7 +248,7 @@ pub fn create_volume(registry: &Registry, request: &CreateRequest) -> Result<Cre
             .ancestors()
             .find(|d| d.is_dir())
             .context("no directory of the backing file path exists")?;
-        let capacity = capacity::measure(&registry, existing, None)?;
+        let capacity = capacity::measure(registry, existing, None)?;
         capacity::ensure_fits(&capacity, size, &directory)?;
         return Ok(report(true, &volume, None));
     }
@@ -257,11 +257,11 @@ pub fn create_volume(registry: &Registry, request: &CreateRequest) -> Result<Cre
         .mode(0o700)
         .create(&directory)
         .with_context(|| format!("creating {}", directory.display()))?;
-    let capacity = capacity::measure(&registry, &directory, None)?;
+    let capacity = capacity::measure(registry, &directory, None)?;
     capacity::ensure_fits(&capacity, size, &directory)?;
 
     let temporary = creating_path(&host_path);
-    remove_stale_temporary(&registry, &temporary)?;
+    remove_stale_temporary(registry, &temporary)?;
     make_backing_file(&temporary, &volume)?;
     hooks::crash_at(Crash::CreateBeforeRename);
     // NOREPLACE: never clobber a file that appeared meanwhile.

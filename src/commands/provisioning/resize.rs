@@ -110,7 +110,7 @@ pub fn grow(
         .parent()
         .context("the backing file has no directory")?;
     let allocated = file.metadata()?.blocks() * 512;
-    let capacity = capacity::measure(&registry, directory, Some(id))?;
+    let capacity = capacity::measure(registry, directory, Some(id))?;
     capacity::ensure_fits(&capacity, size.saturating_sub(allocated), directory)?;
 
     // Grown through one device while a consumer has it mounted through
