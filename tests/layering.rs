@@ -1,8 +1,9 @@
 //! The layering rule (`sparse_volume::LAYERS`, docs/design/ARCHITECTURE.md):
 //! a module under `src/` uses only its own layer and the layers below it,
 //! the second-level modules (`engine::attach`, `commands::running`, …) use
-//! each other without cycles, and only the kernel-facing layer may hold
-//! `unsafe` code. Every path in the sources is read as Rust (`syn`): `use`
+//! each other without cycles, the command groups (provisioning, running,
+//! inspecting) share code only through the engine and `commands::report`,
+//! and only the kernel-facing layer may hold `unsafe` code. Every path in the sources is read as Rust (`syn`): `use`
 //! lines, grouped imports and paths written inline alike. Needs no root.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -197,6 +198,25 @@ fn upward(file: &str, arrows: &[Arrow]) -> Vec<String> {
         .collect()
 }
 
+/// Uses from one command group into another: what two groups share
+/// belongs in the engine (or in `commands::report`).
+fn across_command_groups(file: &str, arrows: &[Arrow]) -> Vec<String> {
+    arrows
+        .iter()
+        .filter(|a| a.from.len() > 1 && a.to.len() > 1)
+        .filter(|a| a.from[0] == "commands" && a.to[0] == "commands")
+        .filter(|a| a.from[1] != a.to[1] && a.from[1] != "report" && a.to[1] != "report")
+        .map(|a| {
+            format!(
+                "{file}:{}: {} uses {} (command groups share through the engine)",
+                a.line,
+                a.from.join("::"),
+                a.to.join("::")
+            )
+        })
+        .collect()
+}
+
 /// A module's node in the cycle check: its layer and the module below it.
 fn node(module: &[String]) -> String {
     module
@@ -274,6 +294,7 @@ fn no_module_uses_a_layer_above_its_own_and_no_modules_use_each_other_in_a_cycle
             ));
         }
         problems.extend(upward(&format!("src/{name}"), &paths.arrows));
+        problems.extend(across_command_groups(&format!("src/{name}"), &paths.arrows));
         if name != "kernel/mod.rs" {
             problems.extend(
                 paths.allows_unsafe.iter().map(|line| {
@@ -347,6 +368,11 @@ fn a_planted_upward_use_is_reported() {
         "use crate::kernel::files;\n",
     );
     assert!(upward("x", &down.arrows).is_empty());
+    let across = read_source(
+        &["commands".into(), "running".into(), "enable".into()],
+        "use crate::commands::provisioning::create::create;\nuse crate::commands::report::Report;\n",
+    );
+    assert_eq!(across_command_groups("x", &across.arrows).len(), 1);
     let unsafe_allowed = read_source(&kernel_file, "#[allow(unsafe_code)]\nfn f() {}\n");
     assert_eq!(unsafe_allowed.allows_unsafe, vec![1]);
 }

@@ -11,7 +11,6 @@ use anyhow::{anyhow, bail, Context, Result};
 use serde::Serialize;
 
 use crate::engine::detach::detach_device;
-
 use crate::kernel::block_device::backing_logical_block_size;
 use crate::kernel::loop_device::ioctl::{
     LO_FLAGS_AUTOCLEAR, LO_FLAGS_PARTSCAN, LO_FLAGS_READ_ONLY,

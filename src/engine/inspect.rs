@@ -288,3 +288,14 @@ impl VolumeInfo {
 pub fn yes_no(value: bool) -> String {
     if value { "yes" } else { "no" }.to_string()
 }
+
+/// Reading never requires systemd: without it, unit states are unknown.
+pub fn connect_for_reading(needed: bool) -> (Option<Systemd>, Option<String>) {
+    if !needed {
+        return (None, None);
+    }
+    match Systemd::connect() {
+        Ok(systemd) => (Some(systemd), None),
+        Err(e) => (None, Some(format!("{e:#}"))),
+    }
+}

@@ -6,7 +6,8 @@ use std::os::fd::AsRawFd;
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::Path;
 
-use anyhow::{bail, Result};
+use anyhow::{bail, Context, Result};
+use nix::fcntl::{fallocate, FallocateFlags};
 use nix::fcntl::{fcntl, FcntlArg, OFlag};
 
 /// Opens `path` for use as a loop backing file and checks the opened file
@@ -73,4 +74,19 @@ fn describe_open_error(path: &Path, error: std::io::Error) -> anyhow::Error {
         Some(libc::ENOENT) => anyhow::anyhow!("backing file {} does not exist", path.display()),
         _ => anyhow::anyhow!("opening backing file {}: {error}", path.display()),
     }
+}
+
+/// Sparse (`ftruncate`) or reserved (`fallocate`) up to `size`.
+pub fn allocate(file: &File, size: u64, preallocate: bool) -> Result<()> {
+    if preallocate {
+        let length = i64::try_from(size).context("size too large")?;
+        fallocate(
+            std::os::fd::AsRawFd::as_raw_fd(file),
+            FallocateFlags::empty(),
+            0,
+            length,
+        )
+        .context("reserving space with fallocate")?;
+    }
+    file.set_len(size).context("setting the file size")
 }

@@ -65,6 +65,14 @@ pub fn format_size(bytes: u64) -> String {
     }
 }
 
+const MIB: u64 = 1 << 20;
+
+/// Whole MiB, refusing sizes where rounding up would wrap around.
+pub fn round_up_to_mib(size: u64) -> anyhow::Result<u64> {
+    size.checked_next_multiple_of(MIB)
+        .ok_or_else(|| anyhow::anyhow!("size {size} is too large"))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -11,12 +11,6 @@ use anyhow::Result;
 use serde::Serialize;
 
 use crate::commands::report::{Failure, Outcome, Report};
-
-mod last_check;
-mod preallocation;
-
-pub use last_check::LastCheck;
-
 use crate::engine::activate::bring_up_now;
 use crate::engine::capacity::{self, BackingFs};
 use crate::engine::detach::{detach_device, recovery_hint};
@@ -32,6 +26,11 @@ use crate::volume::creating_mark::{
 use crate::volume::id::VolumeId;
 use crate::volume::probe::{expected_content, identifies, probe};
 use crate::volume::size::format_size;
+
+mod last_check;
+mod preallocation;
+
+pub use last_check::LastCheck;
 
 #[derive(Debug, Serialize)]
 pub struct Finding {

@@ -4,9 +4,9 @@
 use anyhow::Result;
 use serde::Serialize;
 
-use crate::commands::inspecting::list::connect_for_reading;
 use crate::commands::report::{Failure, Outcome, Report};
 use crate::engine::capacity::{backing_file_systems, backing_fs_of};
+use crate::engine::inspect::connect_for_reading;
 use crate::engine::inspect::{inspect, UnitLookup, VolumeInfo};
 use crate::registry::Registry;
 use crate::volume::id::VolumeId;

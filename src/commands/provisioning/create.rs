@@ -8,19 +8,18 @@ use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
-use nix::fcntl::{fallocate, renameat2, FallocateFlags, RenameFlags};
+use nix::fcntl::{renameat2, RenameFlags};
 use serde::Serialize;
 
 use crate::commands::report::{Failure, Outcome, Report};
 use crate::engine::activate::bring_up_now;
 use crate::engine::attach::sector_size_blocks_direct_io;
-
 use crate::engine::capacity;
 use crate::hooks::{self, Crash};
 use crate::kernel::block_device::backing_logical_block_size;
 use crate::kernel::files::sync_dir;
 use crate::registry::{check_path, check_size, Registry, Volume};
-use crate::volume::backing_file::open_backing_file;
+use crate::volume::backing_file::{allocate, open_backing_file};
 use crate::volume::creating_mark::{
     clear_creating_mark, creating_path, has_creating_mark, set_creating_mark,
 };
@@ -28,10 +27,8 @@ use crate::volume::filesystem::make_filesystem;
 use crate::volume::gpt_layout;
 use crate::volume::id::VolumeId;
 use crate::volume::probe::{expected_content, identifies, probe};
-use crate::volume::size::format_size;
+use crate::volume::size::{format_size, round_up_to_mib};
 use crate::volume::spec::{FsType, Mode, DEFAULT_SECTOR_SIZE, SECTOR_SIZES};
-
-const MIB: u64 = 1 << 20;
 
 #[derive(Debug, Clone)]
 pub struct CreateRequest {
@@ -502,12 +499,6 @@ fn fill_backing_file(file: &File, temporary: &Path, volume: &Volume) -> Result<(
         .with_context(|| format!("syncing {}", temporary.display()))
 }
 
-/// Whole MiB, refusing sizes where rounding up would wrap around.
-pub fn round_up_to_mib(size: u64) -> Result<u64> {
-    size.checked_next_multiple_of(MIB)
-        .with_context(|| format!("size {size} is too large"))
-}
-
 /// The backing device's logical block size, so that the loop device can
 /// use direct I/O (the smallest supported size at least that large);
 /// 512 when no block device is behind the storage (tmpfs, overlay, …).
@@ -524,19 +515,4 @@ fn default_sector_size(backing_block_size: Option<u32>) -> u32 {
         .copied()
         .find(|&size| size >= backing)
         .unwrap_or(SECTOR_SIZES[SECTOR_SIZES.len() - 1])
-}
-
-/// Sparse (`ftruncate`) or reserved (`fallocate`) up to `size`.
-pub fn allocate(file: &File, size: u64, preallocate: bool) -> Result<()> {
-    if preallocate {
-        let length = i64::try_from(size).context("size too large")?;
-        fallocate(
-            std::os::fd::AsRawFd::as_raw_fd(file),
-            FallocateFlags::empty(),
-            0,
-            length,
-        )
-        .context("reserving space with fallocate")?;
-    }
-    file.set_len(size).context("setting the file size")
 }

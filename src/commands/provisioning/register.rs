@@ -8,7 +8,6 @@ use anyhow::{bail, Result};
 use serde::Serialize;
 
 use crate::commands::report::{Failure, Outcome, Report};
-
 use crate::kernel::block_device::backing_logical_block_size;
 use crate::registry::{check_path, check_size, Registry, Volume};
 use crate::volume::backing_file::open_backing_file;

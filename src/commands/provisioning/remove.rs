@@ -11,7 +11,6 @@ use anyhow::{bail, Context, Result};
 use serde::Serialize;
 
 use crate::commands::report::{Failure, Outcome, Report};
-
 use crate::engine::activate::{
     attached_devices, bring_down_now, refuse_if_in_use, reload_if_reachable,
 };

@@ -11,8 +11,6 @@ use anyhow::{bail, Context, Result};
 use serde::Serialize;
 
 use crate::commands::report::{Failure, Outcome, Report};
-
-use crate::commands::provisioning::create::{allocate, round_up_to_mib};
 use crate::engine::capacity;
 use crate::engine::detach::detach_device;
 use crate::hooks::{self, Crash};
@@ -20,7 +18,7 @@ use crate::kernel::holders::mounts_of_loop;
 use crate::kernel::loop_device::{self, BindOptions, LoopDevice};
 use crate::registry::paths::SystemRoot;
 use crate::registry::{check_size, Registry, Volume};
-use crate::volume::backing_file::open_backing_file;
+use crate::volume::backing_file::{allocate, open_backing_file};
 use crate::volume::filesystem::{
     grow_mounted_ext4, grow_mounted_xfs, grow_unmounted_ext4, grow_unmounted_xfs,
 };
@@ -28,6 +26,7 @@ use crate::volume::gpt_layout;
 use crate::volume::growing_mark::clear_growing_mark;
 use crate::volume::id::VolumeId;
 use crate::volume::size::format_size;
+use crate::volume::size::round_up_to_mib;
 use crate::volume::spec::{FsType, Mode};
 
 #[derive(Debug, Serialize)]

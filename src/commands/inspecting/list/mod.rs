@@ -19,10 +19,9 @@ use crate::commands::report::{Failure, Outcome, Report};
 use crate::engine::capacity::{
     backing_file_systems, backing_fs_of, device_of, storage_root_usage, BackingFs, StorageRootUsage,
 };
-use crate::engine::inspect::{inspect, UnitLookup, VolumeInfo};
+use crate::engine::inspect::{connect_for_reading, inspect, UnitLookup, VolumeInfo};
 use crate::registry::paths::SystemRoot;
 use crate::registry::{Config, Registry, RegistryError, Volume};
-use crate::systemd::Systemd;
 use terminal::Style;
 
 #[derive(Debug, Serialize)]
@@ -122,17 +121,6 @@ pub fn listing(registry: &Registry, wide: bool) -> Result<ListReport> {
         volume_warnings,
         wide,
     })
-}
-
-/// Reading never requires systemd: without it, unit states are unknown.
-pub(super) fn connect_for_reading(needed: bool) -> (Option<Systemd>, Option<String>) {
-    if !needed {
-        return (None, None);
-    }
-    match Systemd::connect() {
-        Ok(systemd) => (Some(systemd), None),
-        Err(e) => (None, Some(format!("{e:#}"))),
-    }
 }
 
 /// The backing file systems of `volumes` that hold no configured storage

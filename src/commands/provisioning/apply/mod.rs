@@ -12,7 +12,7 @@ use anyhow::{anyhow, bail, Context, Result};
 use serde::Serialize;
 
 use crate::commands::provisioning::create::{
-    create_volume, round_up_to_mib, spec_differences, AskedSpec, CreateRequest,
+    create_volume, spec_differences, AskedSpec, CreateRequest,
 };
 use crate::commands::provisioning::{remove, resize};
 use crate::commands::report::{Failure, Outcome, Report};
@@ -21,16 +21,16 @@ use crate::engine::activate::{
     systemd_agrees,
 };
 use crate::engine::attach::{attach_planned, refuse_if_skipped};
+use crate::engine::inspect::UNKNOWN;
 use crate::registry::{Registry, Volume};
 use crate::systemd::{unit_name, Systemd};
 use crate::volume::id::VolumeId;
 use crate::volume::size::format_size;
+use crate::volume::size::round_up_to_mib;
 use crate::volume::spec::{Mode, ModeKind};
 use desired::{Desired, State};
 pub use record::VolumeRecord;
 use record::{record, record_without_runtime};
-
-use crate::engine::inspect::UNKNOWN;
 
 /// Stands for the UUID a dry run of a create cannot know.
 pub const UUID_PLACEHOLDER: &str = "<uuid>";
