@@ -2,8 +2,10 @@
 """Set-up helpers for bench/run (standard library only).
 
   fixtures.py registry ROOT FSTAB N   N enabled ext4 volume files under
-                                        ROOT and an fstab with the same N
-                                        UUIDs, for the generator comparison
+                                        ROOT and two fstabs with the same N
+                                        UUIDs, for the generator comparison:
+                                        FSTAB (`defaults 0 2`) and
+                                        FSTAB.nofail (`defaults,nofail 0 2`)
   fixtures.py snapshot FILE           the loop device numbers that exist
   fixtures.py add-unbound N           loop device nodes until N unbound
                                         ones exist (LOOP_CTL_ADD)
@@ -23,7 +25,7 @@ LOOP_CTL_REMOVE = 0x4C81
 def registry(root, fstab, count):
     volumes = os.path.join(root, "etc/sparse-volume/volumes.d")
     os.makedirs(volumes, exist_ok=True)
-    with open(fstab, "w") as table:
+    with open(fstab, "w") as table, open(fstab + ".nofail", "w") as nofail:
         for index in range(count):
             volume = str(uuid.uuid4())
             with open(os.path.join(volumes, volume + ".toml"), "w") as entry:
@@ -36,6 +38,7 @@ def registry(root, fstab, count):
                     "enabled = true\n"
                 )
             table.write(f"UUID={volume} /srv/volume{index} ext4 defaults 0 2\n")
+            nofail.write(f"UUID={volume} /srv/volume{index} ext4 defaults,nofail 0 2\n")
 
 
 def loop_numbers():

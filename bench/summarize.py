@@ -20,7 +20,8 @@ import time
 # The targets, as ratios ours / peer (None: reported only).
 TARGETS = {
     "generator": 0.5,
-    "attach-alone": 1.0,
+    "attach-filesystem-alone": 1.0,
+    "attach-block-alone": 2.0,
 }
 
 
@@ -58,9 +59,7 @@ def volume_count(name):
 def target_of(name):
     if name.startswith("generator-"):
         return TARGETS["generator"]
-    if name.endswith("-alone"):
-        return TARGETS["attach-alone"]
-    return None
+    return TARGETS.get(name)
 
 
 def summarize(directory, kernel, cpus, quick):

@@ -147,8 +147,7 @@ stage() {
     install -m 0644 -t "$root/usr/share/man/man8" "$docs"/man/*.8
     fill_in "$HERE/man/$NAME-generator.8" "$version" "$date" \
         >"$root/usr/share/man/man8/$NAME-generator.8"
-    fill_in "$HERE/man/$NAME.toml.5" "$version" "$date" \
-        >"$root/usr/share/man/man5/$NAME.toml.5"
+    install -m 0644 "$docs/man/$NAME.toml.5" "$root/usr/share/man/man5/$NAME.toml.5"
     # -n: no name or time stamp in the header, so rebuilds are identical.
     gzip -9 -n "$root"/usr/share/man/man*/*
 

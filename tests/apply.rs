@@ -474,7 +474,7 @@ fn a_name_names_one_volume_and_every_command_takes_it() {
     let fx = Fixture::new();
     let first = fx.run_ok(&["create", "--size", "64M", "--name", "pg-data", "--json"]);
     let uuid = first.json()["uuid"].as_str().expect("uuid").to_string();
-    // The README's line run twice makes one volume.
+    // The guide's line run twice makes one volume (docs/guide/volumes.md).
     let second = fx.run_ok(&["create", "--size", "64M", "--name", "pg-data", "--json"]);
     assert_eq!(second.json()["changed"], false);
     assert_eq!(second.json()["uuid"], uuid.as_str());

@@ -851,7 +851,7 @@ fn backing_paths_through_links() {
             "symbolic link",
             Some(
                 "attach follows a symlinked directory in the backing path \
-                 (src/backing.rs, open_backing_file: O_NOFOLLOW covers the last component only); \
+                 (src/volume/backing_file.rs, open_backing_file: O_NOFOLLOW covers the last component only); \
                  RequiresMountsFor= and the storage-root checks see the unresolved path",
             ),
         ),

@@ -415,7 +415,7 @@ fn concurrent_creates_get_exactly_the_space_there_is() {
     let fx = Fixture::new();
     let storage = SmallStorage::new(&fx);
     let size: u64 = 200 << 20;
-    // Exactly how many fit, by the rule of src/capacity.rs with the default
+    // Exactly how many fit, by the rule of src/engine/capacity.rs with the default
     // settings (overcommit_ratio 1.0, no reserve): create number k+1 fits
     // iff size <= free_k - committed_k. Each earlier volume i took
     // allocated_i from free and commits size - allocated_i, so
@@ -513,7 +513,7 @@ fn resizes_that_would_overrun_are_refused_and_not_recorded() {
     }
     let refused = refused.expect("a 1 GiB file system accepted every resize");
     assert!(refused.contains("not enough space"), "{refused}");
-    // By src/capacity.rs, growing to T needs T - allocated <= free, and
+    // By src/engine/capacity.rs, growing to T needs T - allocated <= free, and
     // free = F0 - allocated - m (F0: free before the create, m: the
     // storage file system's own metadata, a few KiB): T fits iff
     // T <= F0 - m. So the last accepted step is the largest one <= F0.

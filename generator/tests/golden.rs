@@ -1,4 +1,4 @@
-//! Golden-file tests: every directory under `tests/generator/` is one case.
+//! Golden-file tests: every directory under `generator/tests/golden/` is one case.
 //!
 //! A case holds an input tree (`etc/sparse-volume/...` and optionally
 //! `proc/cmdline`, read through `SPARSE_VOLUME_ROOT`) and `expected/`, the exact output directory
@@ -29,7 +29,7 @@ fn fixtures() -> Vec<PathBuf> {
     let base = Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("tests/golden")
         .canonicalize()
-        .expect("the tests/generator fixtures directory");
+        .expect("the generator/tests/golden fixtures directory");
     let mut cases: Vec<PathBuf> = fs::read_dir(&base)
         .unwrap_or_else(|e| panic!("reading {}: {e}", base.display()))
         .map(|entry| entry.unwrap().path())

@@ -36,9 +36,9 @@ const BLOCK_SWAP: &str =
     "dev-disk-by\\x2dpartuuid-b509373d\\x2d5761\\x2d4662\\x2db3ef\\x2d04c74fc51fac.swap";
 const KUBELET: &str = "kubelet.service";
 /// A consumer of "every volume tried", with the strongest dependency the
-/// README allows on the target.
+/// guide (docs/guide/boot.md) allows on the target.
 const NEEDS_ALL: &str = "needs-all-volumes.service";
-/// A consumer of one particular volume, as the README advises.
+/// A consumer of one particular volume, as the guide advises.
 const NEEDS_FS: &str = "needs-fs-volume.service";
 const HOST_UNITS: &str = "/usr/lib/systemd/system";
 
@@ -364,7 +364,7 @@ fn awkward_paths_reach_systemd_intact() {
 /// network is online, and the network is online only after `sysinit.target`,
 /// so after `local-fs.target`. A local fstab consumer of the volume (before
 /// `local-fs.target`) then closes an ordering cycle, which systemd breaks
-/// by dropping a job at boot; a `_netdev` consumer does not. The README and
+/// by dropping a job at boot; a `_netdev` consumer does not. The design page and
 /// sparse-volume-generator(8) tell users so; this proves the advice.
 #[test]
 fn a_volume_on_a_network_file_system_needs_netdev_consumers() {

@@ -21,7 +21,7 @@ use crate::volume::size::format_size;
 pub const UNKNOWN: &str = "unknown";
 
 /// One volume as `list --json` and `status --json` print it. The field
-/// names are a stable interface (documented in the README).
+/// names are a stable interface (docs/reference/json.md).
 #[derive(Debug, Clone, Serialize)]
 pub struct VolumeInfo {
     pub uuid: String,

@@ -76,7 +76,7 @@ struct ConfigFile {
     metrics_textfile_directory: Option<Spanned<String>>,
 }
 
-const KNOWN_KEYS: &[&str] = &[
+pub const KNOWN_KEYS: &[&str] = &[
     "storage_roots",
     "overcommit_ratio",
     "reserve",

@@ -17,10 +17,12 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
 
-pub use config::{Config, Reserve};
+pub use config::{Config, Reserve, KNOWN_KEYS as CONFIG_KEYS};
 pub use error::RegistryError;
 pub use lenient::RegistryWarning;
-pub use volume_file::{check_path, check_size, check_volume_path, Invalid, Parsed, Volume};
+pub use volume_file::{
+    check_path, check_size, check_volume_path, Invalid, Parsed, Volume, KNOWN_KEYS as VOLUME_KEYS,
+};
 
 use crate::kernel::files::{write_atomically, ExclusiveLock};
 use crate::registry::paths::{SystemRoot, CONFIG_DIR};

@@ -62,7 +62,7 @@ struct VolumeFile {
     sector_size: Option<Spanned<i64>>,
 }
 
-const KNOWN_KEYS: &[&str] = &[
+pub const KNOWN_KEYS: &[&str] = &[
     "uuid",
     "path",
     "size",

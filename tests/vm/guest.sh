@@ -21,6 +21,14 @@
 #   guest.sh partition-once   a block volume's partition appears once per attach
 #   guest.sh metrics          the metrics timer under real systemd: textfile,
 #                             one journal warning per warn_headroom crossing
+#   guest.sh upgrade-from-previous
+#                             setup ran on the last release's package; the
+#                             package under test replaces it with volumes
+#                             attached and mounted: nothing detaches, no unit
+#                             restarts, the units now run the lean executable
+#   guest.sh readme-create    the README's first-volume commands, as written
+#   guest.sh readme-check     after the reboot: the README's check commands,
+#                             the volume back and mounted; then removed
 #
 # Volume UUIDs are chosen at setup and kept in $STATE for later phases.
 # SV_VM_SOFT=1: a failed check is logged (and kept in $SOFT_FAILURES)
@@ -470,6 +478,88 @@ verify_loop_ref() {
 # systemd-analyze verify of the package's units as this guest's systemd
 # reads them, with the generator's instances and drop-ins of this boot:
 # a newer systemd may warn about what an older one accepted.
+# The unit's own program: what ExecStart/ExecStop run since the package
+# under test (the generator's binary, not the CLI).
+LEAN=/usr/lib/systemd/system-generators/sparse-volume-generator
+
+# The InvocationID of every active volume unit: a restarted unit has a new one.
+volume_invocations() {
+    local unit
+    for unit in $(systemctl list-units --no-legend --plain --state=active 'sparse-volume@*.service' | awk '{print $1}'); do
+        echo "$unit $(systemctl show -p InvocationID --value "$unit")"
+    done
+}
+
+upgrade_from_previous() {
+    # shellcheck disable=SC1090
+    . "$STATE"
+    local version before after invocations mounts deb=(/root/sparse-volume_*_amd64.deb)
+    version=$(dpkg-query -W -f '${Version}' sparse-volume)
+    [[ $version == "$(cat /root/previous/version)" ]] ||
+        fail "harness: setup ran on sparse-volume $version, expected the last release $(cat /root/previous/version)"
+    before=$(losetup --noheadings -O NAME,BACK-FILE | sort)
+    invocations=$(volume_invocations)
+    mounts=$(findmnt -rn -o TARGET,SOURCE | sort)
+    [[ -n $invocations ]] || fail "harness: no volume unit is active before the upgrade"
+    dpkg -i "${deb[0]}" >/dev/null
+    version=$(dpkg-query -W -f '${Version}' sparse-volume)
+    [[ $version == "$(dpkg-deb -f "${deb[0]}" Version)" ]] || fail "the upgrade did not install ${deb[0]##*/} (sparse-volume $version)"
+    after=$(losetup --noheadings -O NAME,BACK-FILE | sort)
+    [[ $before == "$after" ]] || fail "upgrading from the last release changed the loop devices: before $before; after $after"
+    [[ $(volume_invocations) == "$invocations" ]] || fail "upgrading from the last release restarted volume units: before $invocations; after $(volume_invocations)"
+    [[ $(findmnt -rn -o TARGET,SOURCE | sort) == "$mounts" ]] || fail "upgrading from the last release changed the mounts"
+    [[ -z $(systemctl --failed --no-legend --plain) ]] || fail "units failed during the upgrade: $(systemctl --failed --no-legend --plain)"
+    local exec
+    exec=$(systemctl show -p ExecStop --value "sparse-volume@$EXT4.service")
+    [[ $exec == *"path=$LEAN ;"*"--detach $EXT4"* ]] ||
+        fail "after the upgrade, the running unit's ExecStop is not the lean executable: $exec"
+    check_payload /srv/consumer consumer
+    log "upgraded $(cat /root/previous/version) -> $version with $(wc -l <<<"$invocations") volume units active: no device, mount or unit changed; the units stop with $LEAN"
+}
+
+# The units of boot N ran the lean executable (ExecStart's path, and the
+# journal's _EXE of the unit's lines), and succeeded.
+verify_lean_units() {
+    local unit=sparse-volume@$EXT4.service exec exe
+    exec=$(systemctl show -p ExecStart --value "$unit")
+    [[ $exec == *"path=$LEAN ;"*"--attach $EXT4"*"status=0/0"* ]] ||
+        fail "$unit did not run $LEAN --attach at boot: ExecStart=$exec"
+    exe=$(journalctl -b 0 -u "$unit" -o export --no-pager | sed -n 's/^_EXE=//p' | sort -u)
+    [[ $exe == "$LEAN" ]] || fail "$unit's journal lines come from $exe, expected $LEAN"
+    log "the units ran $LEAN at boot (ExecStart status 0/0, journal _EXE)"
+}
+
+# The N-th ```sh block of the README (copied in by scenario.sh).
+readme_block() {
+    awk -v want="$1" '/^```sh$/ { n++; if (n == want) { inside = 1; next } } /^```$/ { if (inside) exit } inside' /root/README.md
+}
+
+readme_create() {
+    local block
+    block=$(readme_block 2)
+    grep -q 'sparse-volume create' <<<"$block" || fail "README: the second sh block is not the first volume: $block"
+    bash -euo pipefail -c "$block" || fail "README: the first volume's commands failed as written: $block"
+    findmnt /srv/pg >/dev/null || fail "README: /srv/pg is not mounted after its commands"
+    [[ $(readme_block 3) == "systemctl reboot" ]] ||
+        fail "README: the reboot block is not 'systemctl reboot' (scenario.sh reboots the guest so): $(readme_block 3)"
+    log "README: the first volume made and mounted, as written"
+}
+
+readme_check() {
+    local block out source
+    block=$(readme_block 4)
+    out=$(bash -euo pipefail -c "$block" 2>&1) || fail "README: the commands after the reboot failed as written: $out"
+    source=$(findmnt -n -o SOURCE /srv/pg) || fail "README: /srv/pg is not mounted after the reboot"
+    grep -qE '^ +device: +/dev/loop[0-9]+$' <<<"$out" || fail "README: status shows no loop device for the volume: $out"
+    [[ $source == /dev/loop* ]] || fail "README: /srv/pg is mounted from $source, not a loop device"
+    # Out of the way of the scenario's later phases.
+    umount /srv/pg
+    sed -i '\| /srv/pg |d' /etc/fstab
+    systemctl daemon-reload
+    $CLI remove pg-data --delete-data >/dev/null || fail "README: removing pg-data failed"
+    log "README: after the reboot /srv/pg is mounted from $source, status shows its device; removed again"
+}
+
 verify_units() {
     local out
     out=$(systemd-analyze verify --no-pager "sparse-volume@$EXT4.service" "sparse-volume@$BLOCK.service" \
@@ -563,6 +653,7 @@ verify() {
     verify_4k
     verify_loop_ref "$boot"
     ((boot != 1)) || verify_units
+    ((boot != 1)) || verify_lean_units
     consumers_active "after boot $boot"
     case $boot in
     2)
@@ -1084,5 +1175,8 @@ restore-config) restore_config ;;
 systemd) systemd_commands ;;
 detach-by-link) detach_by_link ;;
 package) package ;;
+upgrade-from-previous) upgrade_from_previous ;;
+readme-create) readme_create ;;
+readme-check) readme_check ;;
 *) fail "unknown phase" ;;
 esac

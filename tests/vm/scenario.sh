@@ -67,6 +67,9 @@ trap on_exit EXIT
 
 deb=$(vm_package_under_test "$target")
 debs=("$deb")
+# The last release: setup runs on it, and the package under test replaces
+# it with volumes attached and mounted (tests/vm/previous-release/).
+previous=$(ls tests/vm/previous-release/sparse-volume_*_amd64.deb)
 
 soft=${SV_VM_SOFT:-0}
 scope=${SV_VM_SCOPE:-full}
@@ -148,9 +151,12 @@ vm_start 1G 1G@4k
 # The CI log names what each guest proved things on.
 # shellcheck disable=SC2016 # expanded in the guest
 vm_log "guest: $(vm_ssh '. /etc/os-release && echo "$PRETTY_NAME, $(systemctl --version | head -n 1 | cut -d" " -f1,2), $(losetup --version), kernel $(uname -r)"' </dev/null)"
-vm_copy_in "${debs[0]}" "$(upgrade_deb)" tests/vm/guest.sh tests/vm/partition-once.sh /root/
-vm_ssh "dpkg -i /root/${debs[0]##*/}" </dev/null
-phase setup setup
+vm_copy_in "${debs[0]}" "$(upgrade_deb)" tests/vm/guest.sh tests/vm/partition-once.sh README.md /root/
+vm_ssh "mkdir -p /root/previous" </dev/null
+vm_copy_in "$previous" /root/previous/
+vm_ssh "dpkg-deb -f /root/previous/${previous##*/} Version >/root/previous/version && dpkg -i /root/previous/${previous##*/}" </dev/null
+phase "setup, on the last release's package" setup
+phase "upgrade from the last release with volumes attached and mounted" upgrade-from-previous
 if [[ ${SV_VM_QUICK:-0} == 1 ]]; then
     # For work on these steps only: no boot 1 and 2, no package phase.
     vm_log "SV_VM_QUICK=1: only the unit states and the two emergency-switch boots"
@@ -163,8 +169,10 @@ if [[ ${SV_VM_QUICK:-0} == 1 ]]; then
     phase "verify after boot 4" verify 4
 else
     phase "a block volume's partition appears once per attach" partition-once
+    phase "the README's first volume, as written" readme-create
     reboot_checked 1 "the volumes made at setup"
     phase "verify after reboot 1" verify 1
+    phase "the README's commands after the reboot, as written" readme-check
     phase "consumers of sparse-volumes.target" consumers
     phase "reports tell the device's truth" device-truth
     if [[ $scope == full ]]; then

@@ -1,6 +1,8 @@
 //! sparse-volume-docgen: writes the man pages and shell completions of
-//! `sparse-volume` from its clap definitions (`sparse_volume::cli::Cli`),
-//! so that `--help`, `man` and tab completion cannot disagree.
+//! `sparse-volume` from its clap definitions (`sparse_volume::cli::args`),
+//! so that `--help`, `man` and tab completion cannot disagree, and the
+//! man pages of the references in `docs/reference/` from their Markdown,
+//! so that the web page and `man` cannot either.
 //!
 //! Used by `packaging/build-packages.sh`; never installed.
 
@@ -12,6 +14,8 @@ use anyhow::{Context, Result};
 use clap::CommandFactory;
 use clap_complete::Shell;
 use clap_mangen::Man;
+
+mod markdown_man;
 use sparse_volume::cli::args::Cli;
 
 const BIN: &str = "sparse-volume";
@@ -21,12 +25,19 @@ const SECTION: &str = "8";
 const USAGE: &str = "\
 usage: sparse-volume-docgen [--date YYYY-MM-DD] OUT_DIR
 
-Writes OUT_DIR/man/sparse-volume.8 and one page per subcommand
-(sparse-volume-create.8, ...), and OUT_DIR/completions/ with
-sparse-volume.bash, _sparse-volume (zsh) and sparse-volume.fish.
+Writes OUT_DIR/man/sparse-volume.8 (with the JSON contract of
+docs/reference/json.md), one page per subcommand (sparse-volume-create.8,
+...) and sparse-volume.toml.5 (docs/reference/registry.md), and
+OUT_DIR/completions/ with sparse-volume.bash, _sparse-volume (zsh) and
+sparse-volume.fish.
 --date is the date the man pages show (the build script passes the
 release's date, so rebuilding gives the same bytes).
 ";
+
+/// The one description of the JSON output: a section of sparse-volume(8).
+const JSON_REFERENCE: &str = include_str!("../../../docs/reference/json.md");
+/// The one description of the registry: sparse-volume.toml(5).
+const REGISTRY_REFERENCE: &str = include_str!("../../../docs/reference/registry.md");
 
 /// Sections that clap knows nothing about, appended to sparse-volume(8).
 const MAIN_PAGE_TAIL: &str = r#".SH "EXIT STATUS"
@@ -73,7 +84,9 @@ One registry file per volume.
 Default storage root for backing files.
 .TP
 \fI/usr/lib/systemd/system/sparse-volume@.service\fR
-The unit that attaches (\fBattach\fR) and detaches (\fBdetach\fR) one volume.
+The unit that attaches and detaches one volume: it runs
+\fBsparse-volume-generator \-\-attach\fR and \fB\-\-detach\fR, the same
+code as \fBattach\fR and \fBdetach\fR in a smaller program.
 .TP
 \fI/usr/lib/systemd/system/sparse-volumes.target\fR
 Reached once every enabled volume is attached.
@@ -126,12 +139,43 @@ fn write_man_pages(dir: &Path, date: &str) -> Result<Vec<PathBuf>> {
     let source = format!("{BIN} {}", cmd.get_version().unwrap_or_default());
     let page = |cmd: &clap::Command, tail: &str| write_page(dir, cmd.clone(), date, &source, tail);
 
-    let mut written = vec![page(&cmd, MAIN_PAGE_TAIL)?];
+    let json = markdown_man::section(JSON_REFERENCE, "JSON OUTPUT")
+        .context("rendering docs/reference/json.md")?;
+    let mut written = vec![page(&cmd, &(json + MAIN_PAGE_TAIL))?];
     let see_also = format!(".SH \"SEE ALSO\"\n\\fB{BIN}\\fR({SECTION})\n");
     for sub in cmd.get_subcommands().filter(|s| !s.is_hide_set()) {
         written.push(page(sub, &see_also)?);
     }
+    written.push(write_registry_page(dir, date, &source)?);
     Ok(written)
+}
+
+/// sparse-volume.toml(5) from docs/reference/registry.md.
+fn write_registry_page(dir: &Path, date: &str, source: &str) -> Result<PathBuf> {
+    let text = markdown_man::page(
+        REGISTRY_REFERENCE,
+        &markdown_man::Header {
+            title: "SPARSE-VOLUME.TOML",
+            section: "5",
+            date: shown_date(date),
+            source,
+            manual: "File Formats",
+        },
+    )
+    .context("rendering docs/reference/registry.md")?;
+    let path = dir.join("sparse-volume.toml.5");
+    fs::write(&path, text).with_context(|| format!("writing {}", path.display()))?;
+    Ok(path)
+}
+
+/// An empty date would be written as an empty word, which roff drops,
+/// shifting the source into the date's place: say so instead.
+fn shown_date(date: &str) -> &str {
+    if date.is_empty() {
+        "unknown date"
+    } else {
+        date
+    }
 }
 
 fn write_page(
@@ -142,13 +186,7 @@ fn write_page(
     tail: &str,
 ) -> Result<PathBuf> {
     let name = cmd.get_display_name().unwrap_or(cmd.get_name()).to_owned();
-    // An empty date would be written as an empty word, which roff drops,
-    // shifting the source into the date's place: say so instead.
-    let date = if date.is_empty() {
-        "unknown date"
-    } else {
-        date
-    };
+    let date = shown_date(date);
     let man = Man::new(cmd)
         .title(name.to_uppercase())
         .section(SECTION)
@@ -179,6 +217,27 @@ mod tests {
     use super::*;
 
     use sparse_volume::registry::Config;
+
+    /// The registry's reference names every key the parser knows, each as
+    /// a key of its own (a `####` heading, a tagged paragraph in the man
+    /// page): a key added to the parser and not to the page fails here.
+    #[test]
+    fn the_registry_reference_describes_every_key() {
+        let (volume_part, config_part) = REGISTRY_REFERENCE
+            .split_once("\n## config.toml\n")
+            .expect("a config.toml section");
+        for (keys, part) in [
+            (sparse_volume::registry::VOLUME_KEYS, volume_part),
+            (sparse_volume::registry::CONFIG_KEYS, config_part),
+        ] {
+            for key in keys {
+                assert!(
+                    part.contains(&format!("\n#### `{key}` (")),
+                    "docs/reference/registry.md does not describe `{key}`"
+                );
+            }
+        }
+    }
 
     /// The commented example shipped as /etc/sparse-volume/config.toml.
     const EXAMPLE_CONFIG: &str = include_str!("../../config.toml");
@@ -246,6 +305,9 @@ mod tests {
             assert!(page.is_file(), "{} missing", page.display());
             assert!(main.contains(&format!("sparse\\-volume\\-{}(8)", sub.get_name())));
         }
+        assert!(main.contains(".SH \"JSON OUTPUT\""), "{main}");
+        let registry = fs::read_to_string(out.path().join("man/sparse-volume.toml.5")).unwrap();
+        assert!(registry.contains("\n.TH SPARSE-VOLUME.TOML 5 2026-01-02 "), "{registry}");
         for file in ["sparse-volume.bash", "_sparse-volume", "sparse-volume.fish"] {
             let text = fs::read_to_string(out.path().join("completions").join(file)).unwrap();
             assert!(text.contains("resize"), "{file} lacks subcommands");
