@@ -157,11 +157,14 @@ check_lintian() {
 HOOK_VARIABLES=(SPARSE_VOLUME_CRASH_AT SPARSE_VOLUME_STOP_AT SPARSE_VOLUME_FAULT SPARSE_VOLUME_JOB_TIMEOUT_SEC)
 
 # binary_mentions FILE WORD...: the WORDs that FILE's strings contain.
+# (Read into a variable first: `strings | grep -q` under pipefail fails
+# when grep stops reading early.)
 binary_mentions() {
-    local file=$1 word
+    local file=$1 word text
     shift
+    text=$(strings -a "$file")
     for word in "$@"; do
-        if strings -a "$file" | grep -qF -- "$word"; then
+        if grep -qF -- "$word" <<<"$text"; then
             echo "$word"
         fi
     done
