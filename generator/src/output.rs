@@ -1,12 +1,16 @@
 //! Puts the planned files and links into the output directory. systemd
 //! hands a generator empty directories and reads nothing of them before it
-//! exits, but a generator killed part way still leaves what it wrote: a
-//! link is made in one step, a file is created under a temporary name
-//! (`O_EXCL`), written with one write and renamed; each directory is made
-//! once. Only a repeated run (by hand, tests) finds outputs already there,
-//! and those are replaced whole. systemd never reads half a drop-in. No
-//! fsync: the output lives on /run (tmpfs) and is made anew at every boot
-//! and daemon-reload.
+//! exits, but a generator killed part way still leaves what it wrote, so:
+//! every file is written before any link, a link is made in one step, and
+//! a file is created (`O_EXCL`) and written with one write of a few hundred
+//! bytes, which a kill does not cut in two on a tmpfs. A kill between a
+//! drop-in's create and its write leaves it empty, but then no link pulls
+//! its unit in: the volume is not started at that boot, as if the
+//! generator had not reached it, and never started without its ordering.
+//! Each directory is made once. Only a repeated run (by hand, tests) finds
+//! outputs already there, and replaces them whole (under a temporary name,
+//! then renamed). No fsync: the output lives on /run (tmpfs) and is made
+//! anew at every boot and daemon-reload.
 
 use std::collections::HashSet;
 use std::fs;
@@ -38,7 +42,11 @@ pub fn write_all(dir: &Path, outputs: &Outputs) -> Result<()> {
         .with_context(|| format!("opening directory {}", dir.display()))?;
     let at = dir_handle.as_raw_fd();
     let mut made_directories = HashSet::new();
-    for (relative, output) in outputs {
+    // Files first: a link must never pull in a unit whose drop-in is not
+    // written yet.
+    let files = outputs.iter().filter(|(_, o)| matches!(o, Output::File(_)));
+    let links = outputs.iter().filter(|(_, o)| matches!(o, Output::Symlink(_)));
+    for (relative, output) in files.chain(links) {
         if let Some((parent, _)) = relative.rsplit_once('/') {
             if made_directories.insert(parent) {
                 make_directory(at, parent).with_context(|| {
@@ -85,18 +93,7 @@ fn make(at: RawFd, relative: &str, make: impl Fn(&str) -> io::Result<()>) -> io:
 /// name, then renamed (a generator killed between its create and its
 /// write would otherwise leave an empty drop-in that systemd reads).
 fn write_whole(at: RawFd, relative: &str, text: &str) -> io::Result<()> {
-    let temp = temporary_name(relative);
-    match write_new(at, &temp, text) {
-        Ok(()) => Ok(
-            renameat(Some(at), temp.as_str(), Some(at), relative).inspect_err(|_| {
-                let _ = unlinkat(Some(at), temp.as_str(), UnlinkatFlags::NoRemoveDir);
-            })?,
-        ),
-        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
-            replace(at, relative, |name| write_new(at, name, text))
-        }
-        Err(e) => Err(e),
-    }
+    make(at, relative, |name| write_new(at, name, text))
 }
 
 fn temporary_name(relative: &str) -> String {

@@ -3,12 +3,16 @@
 //! (the same rule as for backing files): with a one-line reason that names
 //! the owner and mode found and the commands that fix it.
 
-use std::fs::{self, Metadata, OpenOptions};
+use std::ffi::OsStr;
+use std::fs::{self, File, Metadata, OpenOptions};
 use std::io::{self, Read};
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::Path;
 
+use nix::fcntl::OFlag;
+
 use super::error::RegistryError;
+use crate::kernel::files::open_in;
 
 /// A registry file's bytes, and why they must not be acted on, if so.
 pub struct Contents {
@@ -81,11 +85,28 @@ pub fn in_refused_directory(file: &Path, directory: &RegistryError) -> RegistryE
 const MAX_REGISTRY_FILE_BYTES: u64 = 64 << 20;
 
 pub fn read(file: &Path) -> io::Result<Contents> {
-    let opened = OpenOptions::new()
-        .read(true)
-        // O_NONBLOCK: a FIFO planted in the registry must not hang boot.
-        .custom_flags(libc::O_CLOEXEC | libc::O_NOFOLLOW | libc::O_NONBLOCK)
-        .open(file);
+    read_opened(
+        file,
+        OpenOptions::new()
+            .read(true)
+            .custom_flags(OPEN_FLAGS.bits())
+            .open(file),
+    )
+}
+
+/// [`read`] of `name` in the directory open as `dir` (whose path joined
+/// with `name` is `file`, for messages): one name looked up, not a path.
+pub fn read_in(dir: &File, name: &OsStr, file: &Path) -> io::Result<Contents> {
+    read_opened(file, open_in(dir, name, OFlag::O_RDONLY | OPEN_FLAGS))
+}
+
+/// No symbolic link, and O_NONBLOCK: a FIFO planted in the registry must
+/// not hang boot.
+const OPEN_FLAGS: OFlag = OFlag::O_CLOEXEC
+    .union(OFlag::O_NOFOLLOW)
+    .union(OFlag::O_NONBLOCK);
+
+fn read_opened(file: &Path, opened: io::Result<File>) -> io::Result<Contents> {
     let mut handle = match opened {
         Ok(handle) => handle,
         Err(e) if e.raw_os_error() == Some(libc::ELOOP) => {
@@ -110,15 +131,26 @@ pub fn read(file: &Path) -> io::Result<Contents> {
             refused: Some("refused: not a regular file".to_string()),
         });
     }
-    // Read through `Take`, which does not ask the file for its size and
-    // position again (the generator reads thousands of these at every
-    // boot), sized from the metadata in hand but never past the cap: a
-    // sparse 10 TB file must be one unreadable entry, not an aborted boot.
-    let capacity = meta.len().min(MAX_REGISTRY_FILE_BYTES) as usize + 1;
-    let mut bytes = Vec::with_capacity(capacity);
-    (&mut handle)
-        .take(MAX_REGISTRY_FILE_BYTES + 1)
-        .read_to_end(&mut bytes)?;
+    // One read of one byte more than the metadata in hand says, never past
+    // the cap (a sparse 10 TB file must be one unreadable entry, not an
+    // aborted boot): a regular file that gives exactly its size has no
+    // more, so the read that would say so is not made (the generator reads
+    // thousands of these at every boot). A file that changed meanwhile, or
+    // a short read, is read on to its end.
+    let expected = meta.len().min(MAX_REGISTRY_FILE_BYTES) as usize;
+    let mut bytes = vec![0; expected + 1];
+    let first = loop {
+        match handle.read(&mut bytes) {
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            other => break other?,
+        }
+    };
+    bytes.truncate(first);
+    if first != expected {
+        (&mut handle)
+            .take(MAX_REGISTRY_FILE_BYTES + 1 - first as u64)
+            .read_to_end(&mut bytes)?;
+    }
     if bytes.len() as u64 > MAX_REGISTRY_FILE_BYTES {
         return Err(io::Error::new(
             io::ErrorKind::InvalidData,
