@@ -96,8 +96,9 @@ build_binaries() (
     log "cargo build --release"
     export_rustflags
     cd "$TOP"
-    # The generator on its own: built together with the CLI, cargo would
-    # unify features and link D-Bus into it.
+    # The generator and the unit's program on their own: built together
+    # with the CLI, cargo would unify features and link clap and D-Bus into
+    # them.
     cargo build --release --locked -p sparse-volume -p sparse-volume-docgen
     cargo build --release --locked -p sparse-volume-generator
 )
@@ -127,8 +128,10 @@ stage() {
     install -D -m 0755 "$TARGET/release/$NAME" "$root/usr/bin/$NAME"
     install -D -m 0755 "$TARGET/release/$NAME-generator" \
         "$root/usr/lib/systemd/system-generators/$NAME-generator"
+    install -D -m 0755 "$TARGET/release/$NAME-unit" "$root/usr/libexec/$NAME-unit"
     strip --remove-section=.comment --remove-section=.note \
-        "$root/usr/bin/$NAME" "$root/usr/lib/systemd/system-generators/$NAME-generator"
+        "$root/usr/bin/$NAME" "$root/usr/lib/systemd/system-generators/$NAME-generator" \
+        "$root/usr/libexec/$NAME-unit"
 
     install -D -m 0644 -t "$root/usr/lib/systemd/system" \
         "$TOP/units/$NAME@.service" "$TOP/units/sparse-volumes.target" \

@@ -12,8 +12,8 @@
 # - the bash completion parses;
 # - no shipped binary carries the test hooks (src/hooks.rs: the names of
 #   their environment variables), which the test build does carry;
-# - the unit's binary (the generator's, --attach/--detach) has no clap or
-#   zbus code, which the CLI has;
+# - the unit's program (/usr/libexec/sparse-volume-unit) and the generator
+#   have no clap or zbus code, which the CLI has;
 # - the maintainer scripts of both packages, run against a scratch root
 #   with a stub systemctl: daemon-reload only where systemd runs, nothing
 #   else ever, and removal/purge keep volume data and the registry;
@@ -174,7 +174,8 @@ binary_mentions() {
 # (cargo test's, when it is there) shows that the check can see them.
 check_no_test_hooks() {
     local root=$1 binary found status=0 test_build=$CARGO_TARGET_DIR/debug/sparse-volume
-    for binary in "$root/usr/bin/sparse-volume" "$root/usr/lib/systemd/system-generators/sparse-volume-generator"; do
+    for binary in "$root/usr/bin/sparse-volume" "$root/usr/lib/systemd/system-generators/sparse-volume-generator" \
+        "$root/usr/libexec/sparse-volume-unit"; do
         found=$(binary_mentions "$binary" "${HOOK_VARIABLES[@]}")
         if [[ -n $found ]]; then
             echo "${binary#"$root"} carries test hooks: $found"
@@ -189,15 +190,17 @@ check_no_test_hooks() {
     return "$status"
 }
 
-# The unit's binary links neither clap nor zbus (their source paths and
-# names are in any binary that does, as the CLI shows).
+# The unit's program and the generator link neither clap nor zbus (their
+# source paths and names are in any binary that does, as the CLI shows).
 check_lean_boot_binary() {
-    local root=$1 cli=$1/usr/bin/sparse-volume boot=$1/usr/lib/systemd/system-generators/sparse-volume-generator found
+    local root=$1 cli=$1/usr/bin/sparse-volume boot=$1/usr/libexec/sparse-volume-unit found
     found=$(binary_mentions "$boot" clap zbus)
-    [[ -z $found ]] || { echo "the unit's binary contains $found"; return 1; }
+    [[ -z $found ]] || { echo "the unit's program contains $found"; return 1; }
+    found=$(binary_mentions "$root/usr/lib/systemd/system-generators/sparse-volume-generator" clap zbus)
+    [[ -z $found ]] || { echo "the generator contains $found"; return 1; }
     found=$(binary_mentions "$cli" clap zbus)
     [[ $(wc -l <<<"$found") -eq 2 ]] || { echo "the check does not see clap and zbus in the CLI: only $found"; return 1; }
-    echo "the unit's binary: $(stat -c %s "$boot") bytes; the CLI: $(stat -c %s "$cli") bytes"
+    echo "the unit's program: $(stat -c %s "$boot") bytes; the CLI: $(stat -c %s "$cli") bytes"
 }
 
 # Every man page in the extracted .deb, rendered as `man` does.
@@ -523,7 +526,7 @@ main() {
     check "bash completion parses" \
         bash -n "$SCRATCH/root/usr/share/bash-completion/completions/sparse-volume"
     check "no shipped binary carries the test hooks" check_no_test_hooks "$SCRATCH/root"
-    check "the unit's binary has no clap or zbus code" check_lean_boot_binary "$SCRATCH/root"
+    check "the unit's program and the generator have no clap or zbus code" check_lean_boot_binary "$SCRATCH/root"
     check "config.toml is the commented example" \
         cmp "$HERE/config.toml" "$SCRATCH/root/usr/share/sparse-volume/config.toml"
     check ".deb maintainer scripts" check_deb_scripts "$SCRATCH/control"

@@ -664,6 +664,15 @@ fn refusals_come_before_any_change_and_a_late_failure_says_what_was_done() {
         .as_str()
         .expect("the UUID of the volume made");
     assert!(fx.registry_file(uuid).exists());
+    // The sentence says it too, for whoever runs it without --json.
+    let said = format!("sparse-volume: creating a volume: {uuid} after: create: ");
+    assert!(late.stderr.starts_with(&said), "{}", late.stderr);
+    assert_eq!(
+        report["error"].as_str(),
+        late.stderr
+            .strip_prefix("sparse-volume: ")
+            .map(str::trim_end)
+    );
 }
 
 #[test]

@@ -57,6 +57,41 @@ impl Paths {
         }
     }
 
+    fn tokens(&mut self, tokens: proc_macro2::TokenStream) {
+        use proc_macro2::TokenTree;
+        let trees: Vec<TokenTree> = tokens.into_iter().collect();
+        let mut at = 0;
+        while at < trees.len() {
+            match &trees[at] {
+                TokenTree::Group(group) => self.tokens(group.stream()),
+                TokenTree::Ident(ident) if ident == "crate" || ident == "sparse_volume" => {
+                    let line = ident.span().start().line;
+                    let mut segments = vec![ident.to_string()];
+                    let mut next = at + 1;
+                    // `::` is two `:` punctuation tokens.
+                    while let (
+                        Some(TokenTree::Punct(a)),
+                        Some(TokenTree::Punct(b)),
+                        Some(TokenTree::Ident(name)),
+                    ) = (trees.get(next), trees.get(next + 1), trees.get(next + 2))
+                    {
+                        if a.as_char() != ':' || b.as_char() != ':' {
+                            break;
+                        }
+                        segments.push(name.to_string());
+                        next += 3;
+                    }
+                    if segments.len() > 1 {
+                        self.resolve(&segments, line);
+                    }
+                    at = next - 1;
+                }
+                _ => {}
+            }
+            at += 1;
+        }
+    }
+
     fn use_tree(&mut self, prefix: &mut Vec<String>, tree: &syn::UseTree) {
         match tree {
             syn::UseTree::Path(path) => {
@@ -107,6 +142,13 @@ impl<'ast> Visit<'ast> for Paths {
             .map_or(0, |s| s.ident.span().start().line);
         self.resolve(&segments, line);
         syn::visit::visit_path(self, path);
+    }
+
+    /// Paths inside a macro's arguments (`format!`, `bail!`, `tracing::warn!`),
+    /// which syn leaves as tokens: every `crate::a::b` among them.
+    fn visit_macro(&mut self, mac: &'ast syn::Macro) {
+        self.tokens(mac.tokens.clone());
+        syn::visit::visit_macro(self, mac);
     }
 
     fn visit_attribute(&mut self, attribute: &'ast syn::Attribute) {
@@ -354,6 +396,10 @@ fn a_planted_upward_use_is_reported() {
         ("use crate::{hooks::Crash, commands::report::Report};\n", 1),
         ("fn f() {\n    crate::cli::output::warn(\"x\");\n}\n", 2),
         ("use super::super::registry::Registry;\n", 1),
+        (
+            "fn f() {\n    let _ = format!(\"{}\", crate::engine::inspect::UNKNOWN);\n}\n",
+            2,
+        ),
     ] {
         let paths = read_source(&kernel_file, text);
         let found = upward("src/kernel/files.rs", &paths.arrows);

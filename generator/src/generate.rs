@@ -1,4 +1,4 @@
-//! The generator role (systemd.generator(7)): the registry's enabled
+//! The generator (systemd.generator(7)): the registry's enabled
 //! volumes as links and drop-ins in the output directory.
 //!
 //! It reads the registry's text and nothing else (no backing file, no

@@ -45,7 +45,9 @@ pub fn write_all(dir: &Path, outputs: &Outputs) -> Result<()> {
     // Files first: a link must never pull in a unit whose drop-in is not
     // written yet.
     let files = outputs.iter().filter(|(_, o)| matches!(o, Output::File(_)));
-    let links = outputs.iter().filter(|(_, o)| matches!(o, Output::Symlink(_)));
+    let links = outputs
+        .iter()
+        .filter(|(_, o)| matches!(o, Output::Symlink(_)));
     for (relative, output) in files.chain(links) {
         if let Some((parent, _)) = relative.rsplit_once('/') {
             if made_directories.insert(parent) {

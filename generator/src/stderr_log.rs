@@ -1,4 +1,4 @@
-//! Log lines of the unit roles on stderr, which systemd connects to the
+//! Log lines of the units' program on stderr, which systemd connects to the
 //! journal: each line starts with its syslog priority (`<4>`), which
 //! journald reads (`SyslogLevelPrefix=`, on by default) and removes; run
 //! by hand, the lines are plain. The engine's `tracing` events at warning
@@ -20,9 +20,11 @@ pub enum Priority {
     Warning = 4,
 }
 
-/// systemd sets `JOURNAL_STREAM` when stderr is the journal.
+/// systemd sets `JOURNAL_STREAM` when stderr is the journal (and
+/// `INVOCATION_ID` for its services: a shell started from one inherits the
+/// first alone).
 fn to_journal() -> bool {
-    std::env::var_os("JOURNAL_STREAM").is_some()
+    std::env::var_os("JOURNAL_STREAM").is_some() && std::env::var_os("INVOCATION_ID").is_some()
 }
 
 /// Writes `<priority>sparse-volume: message` (without the priority when

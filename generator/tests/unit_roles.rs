@@ -1,5 +1,6 @@
-//! The unit's roles of the generator's binary: `--attach UUID` (ExecStart)
-//! and `--detach UUID` (ExecStop) do what `sparse-volume attach|detach` do,
+//! `sparse-volume-unit`, what the volume units run: `attach UUID`
+//! (ExecStart) and `detach UUID` (ExecStop) do what `sparse-volume
+//! attach|detach` do,
 //! print the same lines, mark warnings and failures with their syslog
 //! priority when stderr is the journal, and read the registry once. The
 //! tests that bind loop devices need root and say so without it.
@@ -62,15 +63,19 @@ impl Tree {
     }
 
     fn run(&self, role: &str, journal: bool) -> Output {
-        let mut command = Command::new(env!("CARGO_BIN_EXE_sparse-volume-generator"));
+        let mut command = Command::new(env!("CARGO_BIN_EXE_sparse-volume-unit"));
         command
             .args([role, UUID])
             .env("SPARSE_VOLUME_ROOT", self.root.path())
-            .env_remove("JOURNAL_STREAM");
+            .env_remove("JOURNAL_STREAM")
+            .env_remove("INVOCATION_ID");
         if journal {
-            command.env("JOURNAL_STREAM", "8:1234");
+            // What systemd sets for a service whose stderr is the journal.
+            command
+                .env("JOURNAL_STREAM", "8:1234")
+                .env("INVOCATION_ID", "0123456789abcdef0123456789abcdef");
         }
-        command.output().expect("running sparse-volume-generator")
+        command.output().expect("running sparse-volume-unit")
     }
 
     /// Loop devices on the backing file, as util-linux sees them.
@@ -110,7 +115,7 @@ fn root_or_skip() -> bool {
 #[test]
 fn an_unregistered_volume_is_refused_in_one_line_naming_it() {
     let tree = Tree::new(false, "");
-    let out = tree.run("--attach", false);
+    let out = tree.run("attach", false);
     assert_eq!(out.status.code(), Some(1), "{out:?}");
     assert!(out.stdout.is_empty(), "{out:?}");
     let stderr = text(&out.stderr);
@@ -122,7 +127,7 @@ fn an_unregistered_volume_is_refused_in_one_line_naming_it() {
         "{stderr}"
     );
     // In the journal, the line carries its priority (journald removes it).
-    let out = tree.run("--attach", true);
+    let out = tree.run("attach", true);
     assert!(
         text(&out.stderr).starts_with("<3>sparse-volume: attaching "),
         "{out:?}"
@@ -132,7 +137,7 @@ fn an_unregistered_volume_is_refused_in_one_line_naming_it() {
 #[test]
 fn detaching_a_volume_that_is_not_attached_is_success() {
     let tree = Tree::new(true, "");
-    let out = tree.run("--detach", false);
+    let out = tree.run("detach", false);
     assert_eq!(out.status.code(), Some(0), "{out:?}");
     assert_eq!(text(&out.stdout), format!("{UUID} is not attached\n"));
 }
@@ -143,7 +148,7 @@ fn attach_and_detach_bind_and_release_one_device() {
         return;
     }
     let tree = Tree::new(true, "frobnicate = 1\n");
-    let out = tree.run("--attach", true);
+    let out = tree.run("attach", true);
     assert_eq!(out.status.code(), Some(0), "{out:?}");
     let devices = tree.devices();
     assert_eq!(devices.len(), 1, "{devices:?}");
@@ -158,7 +163,7 @@ fn attach_and_detach_bind_and_release_one_device() {
         "{stderr}"
     );
     // Again: the same device, nothing new.
-    let again = tree.run("--attach", false);
+    let again = tree.run("attach", false);
     assert_eq!(again.status.code(), Some(0), "{again:?}");
     assert!(
         text(&again.stdout).contains("was already attached"),
@@ -166,7 +171,7 @@ fn attach_and_detach_bind_and_release_one_device() {
     );
     assert_eq!(tree.devices(), devices);
 
-    let out = tree.run("--detach", false);
+    let out = tree.run("detach", false);
     assert_eq!(out.status.code(), Some(0), "{out:?}");
     assert_eq!(
         text(&out.stdout),
@@ -192,8 +197,8 @@ fn the_registry_is_read_once() {
     let status = Command::new("strace")
         .args(["-f", "-e", "trace=open,openat,openat2", "-o"])
         .arg(&trace)
-        .arg(env!("CARGO_BIN_EXE_sparse-volume-generator"))
-        .args(["--attach", UUID])
+        .arg(env!("CARGO_BIN_EXE_sparse-volume-unit"))
+        .args(["attach", UUID])
         .env("SPARSE_VOLUME_ROOT", tree.root.path())
         .status()
         .expect("running strace");

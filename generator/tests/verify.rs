@@ -47,20 +47,17 @@ fn write(path: &Path, text: &str) {
     fs::write(path, text).unwrap();
 }
 
-/// verify checks that ExecStart= names an executable: the generator's
-/// binary where the unit runs it, and any at the CLI's path for the
-/// consumers of the tests.
+/// verify checks that ExecStart= names an executable: the unit's program
+/// where the unit runs it, and one at the CLI's path for the consumers of
+/// the tests.
 fn install_executables(r: &Path) {
     for (dir, name) in [
-        (
-            "usr/lib/systemd/system-generators",
-            "sparse-volume-generator",
-        ),
+        ("usr/libexec", "sparse-volume-unit"),
         ("usr/bin", "sparse-volume"),
     ] {
         fs::create_dir_all(r.join(dir)).unwrap();
         fs::copy(
-            env!("CARGO_BIN_EXE_sparse-volume-generator"),
+            env!("CARGO_BIN_EXE_sparse-volume-unit"),
             r.join(dir).join(name),
         )
         .unwrap();

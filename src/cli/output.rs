@@ -82,10 +82,18 @@ impl Output {
     /// a change, `changed` is true and the volume and what was done are
     /// named.
     fn failed(&self, failure: &Failure, doing: &str) -> ExitCode {
-        let message = format!("{doing}: {:#}", failure.error());
         match failure {
-            Failure::Unchanged(_) => self.fail(&message, ExitCode::FAILURE),
-            Failure::PartlyApplied { uuid, actions, .. } => {
+            Failure::Unchanged(error) => {
+                self.fail(&format!("{doing}: {error:#}"), ExitCode::FAILURE)
+            }
+            Failure::PartlyApplied {
+                uuid,
+                actions,
+                error,
+            } => {
+                // What was done is in the sentence too, for people: "creating
+                // a volume: U after: create: starting …".
+                let message = format!("{doing}: {uuid} after: {}: {error:#}", actions.join(", "));
                 eprintln!("sparse-volume: {message}");
                 if self.json {
                     println!(

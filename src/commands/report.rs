@@ -2,8 +2,14 @@
 //! [`Failure`] when it did not, and whether that failure came after
 //! something was already changed. There is no conversion from a plain
 //! error: each command says at its boundary which kind of failure it has,
-//! so none can report "nothing changed" after changing something by
-//! forgetting to say so.
+//! so none reports "nothing changed" after changing something by
+//! forgetting to: the claim is written down, where a review can see it.
+//!
+//! Today `create --now` and `apply` report what they did before a failure;
+//! the other commands report their failures as [`Failure::Unchanged`],
+//! which is not true of every step (a `resize` whose file grew before the
+//! file system tool failed, `disable --now` after its stop, `remove` after
+//! its detach). Those are the next to say what they did.
 
 use serde::Serialize;
 

@@ -478,9 +478,9 @@ verify_loop_ref() {
 # systemd-analyze verify of the package's units as this guest's systemd
 # reads them, with the generator's instances and drop-ins of this boot:
 # a newer systemd may warn about what an older one accepted.
-# The unit's own program: what ExecStart/ExecStop run since the package
-# under test (the generator's binary, not the CLI).
-LEAN=/usr/lib/systemd/system-generators/sparse-volume-generator
+# The units' own program: what ExecStart/ExecStop run since the package
+# under test (not the CLI).
+LEAN=/usr/libexec/sparse-volume-unit
 
 # The InvocationID of every active volume unit: a restarted unit has a new one.
 volume_invocations() {
@@ -511,7 +511,7 @@ upgrade_from_previous() {
     [[ -z $(systemctl --failed --no-legend --plain) ]] || fail "units failed during the upgrade: $(systemctl --failed --no-legend --plain)"
     local exec
     exec=$(systemctl show -p ExecStop --value "sparse-volume@$EXT4.service")
-    [[ $exec == *"path=$LEAN ;"*"--detach $EXT4"* ]] ||
+    [[ $exec == *"path=$LEAN ;"*" detach $EXT4 ;"* ]] ||
         fail "after the upgrade, the running unit's ExecStop is not the lean executable: $exec"
     check_payload /srv/consumer consumer
     log "upgraded $(cat /root/previous/version) -> $version with $(wc -l <<<"$invocations") volume units active: no device, mount or unit changed; the units stop with $LEAN"
@@ -523,8 +523,8 @@ verify_lean_units() {
     local unit=sparse-volume@$EXT4.service exec exe
     exec=$(systemctl show -p ExecStart --value "$unit")
     # systemd 252 says "status=0", later ones "status=0/SUCCESS".
-    [[ $exec == *"path=$LEAN ;"*"--attach $EXT4 ;"* && $exec =~ code=exited\ \;\ status=0[/\ ] ]] ||
-        fail "$unit did not run $LEAN --attach at boot, successfully: ExecStart=$exec"
+    [[ $exec == *"path=$LEAN ;"*" attach $EXT4 ;"* && $exec =~ code=exited\ \;\ status=0[/\ ] ]] ||
+        fail "$unit did not run $LEAN attach at boot, successfully: ExecStart=$exec"
     exe=$(journalctl -b 0 -u "$unit" -o export --no-pager | sed -n 's/^_EXE=//p' | sort -u)
     [[ $exe == "$LEAN" ]] || fail "$unit's journal lines come from $exe, expected $LEAN"
     log "the units ran $LEAN at boot (ExecStart exited with status 0, journal _EXE)"

@@ -307,7 +307,10 @@ mod tests {
         }
         assert!(main.contains(".SH \"JSON OUTPUT\""), "{main}");
         let registry = fs::read_to_string(out.path().join("man/sparse-volume.toml.5")).unwrap();
-        assert!(registry.contains("\n.TH SPARSE-VOLUME.TOML 5 2026-01-02 "), "{registry}");
+        assert!(
+            registry.contains("\n.TH SPARSE-VOLUME.TOML 5 2026-01-02 "),
+            "{registry}"
+        );
         for file in ["sparse-volume.bash", "_sparse-volume", "sparse-volume.fish"] {
             let text = fs::read_to_string(out.path().join("completions").join(file)).unwrap();
             assert!(text.contains("resize"), "{file} lacks subcommands");

@@ -324,11 +324,20 @@ mod tests {
             &HEADER,
         )
         .unwrap();
-        assert!(page.contains("\n.TH X 5 2026-12-04 \"x 1\" \"File Formats\"\n"), "{page}");
+        assert!(
+            page.contains("\n.TH X 5 2026-12-04 \"x 1\" \"File Formats\"\n"),
+            "{page}"
+        );
         assert!(page.contains(".SH NAME\nx.toml \\- a file\n"), "{page}");
         assert!(!page.contains("Preface"), "{page}");
-        assert!(page.contains(".SH DESCRIPTION\n.PP\nOne \\fBkey\\fR and \\fIthis\\fR.\n"), "{page}");
-        assert!(page.contains(".SS Keys\n.TP\n\\fBsize\\fR (integer)\nThe size.\n.IP\nMore.\n"), "{page}");
+        assert!(
+            page.contains(".SH DESCRIPTION\n.PP\nOne \\fBkey\\fR and \\fIthis\\fR.\n"),
+            "{page}"
+        );
+        assert!(
+            page.contains(".SS Keys\n.TP\n\\fBsize\\fR (integer)\nThe size.\n.IP\nMore.\n"),
+            "{page}"
+        );
     }
 
     #[test]
@@ -338,20 +347,39 @@ mod tests {
             &HEADER,
         )
         .unwrap();
-        assert!(page.contains(".IP \\(bu 2\none\n.IP \\(bu 2\ntwo \\fB2\\fR\n.RS\n.IP \\(bu 2\ninner\n.RE\n"), "{page}");
-        assert!(page.contains(".RS 4\n.nf\nsize = 1\n\\&.dot = 2\n.fi\n.RE\n"), "{page}");
+        assert!(
+            page.contains(
+                ".IP \\(bu 2\none\n.IP \\(bu 2\ntwo \\fB2\\fR\n.RS\n.IP \\(bu 2\ninner\n.RE\n"
+            ),
+            "{page}"
+        );
+        assert!(
+            page.contains(".RS 4\n.nf\nsize = 1\n\\&.dot = 2\n.fi\n.RE\n"),
+            "{page}"
+        );
     }
 
     #[test]
     fn what_a_man_page_cannot_show_is_refused() {
-        for markdown in ["# x — y\n\n## A\n\n| a | b |\n|---|---|\n| 1 | 2 |\n", "# x — y\n\n<b>x</b>\n", "# x — y\n\n    indented\n"] {
+        for markdown in [
+            "# x — y\n\n## A\n\n| a | b |\n|---|---|\n| 1 | 2 |\n",
+            "# x — y\n\n<b>x</b>\n",
+            "# x — y\n\n    indented\n",
+        ] {
             assert!(page(markdown, &HEADER).is_err(), "{markdown:?}");
         }
     }
 
     #[test]
     fn a_section_to_append() {
-        let text = section("# The contract\n\nPreface.\n\n## Every command\n\nText.\n", "JSON OUTPUT").unwrap();
-        assert!(text.ends_with(".SH \"JSON OUTPUT\"\n.SS \"Every command\"\n.PP\nText.\n"), "{text}");
+        let text = section(
+            "# The contract\n\nPreface.\n\n## Every command\n\nText.\n",
+            "JSON OUTPUT",
+        )
+        .unwrap();
+        assert!(
+            text.ends_with(".SH \"JSON OUTPUT\"\n.SS \"Every command\"\n.PP\nText.\n"),
+            "{text}"
+        );
     }
 }

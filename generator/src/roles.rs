@@ -1,5 +1,5 @@
-//! The unit's own work: `--attach UUID` is `sparse-volume@UUID.service`'s
-//! ExecStart, `--detach UUID` its ExecStop. They run the commands that
+//! The unit's own work: `attach UUID` is `sparse-volume@UUID.service`'s
+//! ExecStart, `detach UUID` its ExecStop. They run the commands that
 //! `sparse-volume attach` and `detach` run, print the same lines (the
 //! report on stdout, warnings and the failure on stderr, which systemd
 //! puts in the unit's journal) and exit 0 or 1, but start in a fraction of
