@@ -6,8 +6,6 @@
 //! the CLI's time: no argument parser, no D-Bus client, and the registry
 //! read once (`config.toml` and the volume's own file).
 
-use std::process::ExitCode;
-
 use sparse_volume::commands::report::{Outcome, Report};
 use sparse_volume::commands::running::{attach, detach};
 use sparse_volume::registry::paths::SystemRoot;
@@ -16,7 +14,15 @@ use sparse_volume::volume::id::VolumeId;
 
 use crate::stderr_log::{self, Priority};
 
-pub fn attach(id: &VolumeId) -> ExitCode {
+/// The exit status: 0, 1, or 2 for a usage error.
+#[derive(Clone, Copy)]
+pub enum Status {
+    Success = 0,
+    Failure = 1,
+    Usage = 2,
+}
+
+pub fn attach(id: &VolumeId) -> Status {
     let registry = open_registry();
     let outcome = attach::attach(&registry, id);
     if let Ok(report) = &outcome {
@@ -31,7 +37,7 @@ pub fn attach(id: &VolumeId) -> ExitCode {
 
 /// Needs no registry entry: a volume's unit must stop after its
 /// configuration is gone.
-pub fn detach(id: &VolumeId) -> ExitCode {
+pub fn detach(id: &VolumeId) -> Status {
     let registry = open_registry();
     finish(detach::detach(&registry, id), &format!("detaching {id}"))
 }
@@ -52,18 +58,18 @@ fn open_registry() -> Registry {
 }
 
 /// The report's sentence on stdout, or the failure's one line on stderr.
-fn finish<R: Report>(outcome: Outcome<R>, doing: &str) -> ExitCode {
+fn finish<R: Report>(outcome: Outcome<R>, doing: &str) -> Status {
     match outcome {
         Ok(report) => {
             for warning in report.warnings() {
                 stderr_log::line(Priority::Warning, &format!("warning: {warning}"));
             }
             println!("{}", report.human());
-            ExitCode::SUCCESS
+            Status::Success
         }
         Err(failure) => {
             stderr_log::line(Priority::Error, &format!("{doing}: {:#}", failure.error()));
-            ExitCode::FAILURE
+            Status::Failure
         }
     }
 }

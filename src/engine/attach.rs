@@ -11,7 +11,7 @@ use anyhow::{anyhow, bail, Context, Result};
 use serde::Serialize;
 
 use crate::engine::detach::detach_device;
-use crate::kernel::block_device::backing_logical_block_size;
+use crate::kernel::block_device::logical_block_size_of_device;
 use crate::kernel::loop_device::ioctl::{
     LO_FLAGS_AUTOCLEAR, LO_FLAGS_PARTSCAN, LO_FLAGS_READ_ONLY,
 };
@@ -80,23 +80,23 @@ pub fn attach_planned(registry: &Registry, id: &VolumeId) -> Result<Option<PathB
 fn bound_after_checks(registry: &Registry, id: &VolumeId) -> Result<Option<(u32, LoopStatus)>> {
     refuse_if_skipped(registry, id)?;
     let _lock = Registry::volume_lock(registry.root(), id)?;
-    let (_, _, backing, _) = verified_backing(registry, id)?;
-    Ok(loop_device::devices_holding(&backing)?.into_iter().next())
+    let (_, backing, _) = verified_backing(registry, id)?;
+    let meta = backing.metadata().context("inspecting the backing file")?;
+    Ok(loop_device::devices_holding(&backing, &meta)?
+        .into_iter()
+        .next())
 }
 
 /// The volume's entry, its backing file opened and verified to hold the
 /// volume, and what the entry's file had that was ignored; read under the
 /// volume lock, which the caller holds.
-fn verified_backing(
-    registry: &Registry,
-    id: &VolumeId,
-) -> Result<(Volume, PathBuf, File, Vec<String>)> {
+fn verified_backing(registry: &Registry, id: &VolumeId) -> Result<(Volume, File, Vec<String>)> {
     let (volume, ignored) = registry.require_with_warnings(id)?;
     let path = registry.root().host_path(&volume.path);
     let backing = open_backing_file(&path, volume.read_only)?;
     verify_content(&backing, &volume, &path)?;
     let ignored = ignored.iter().map(ToString::to_string).collect();
-    Ok((volume, path, backing, ignored))
+    Ok((volume, backing, ignored))
 }
 
 /// Where the kernel shows block devices and their partitions.
@@ -121,18 +121,18 @@ pub fn attach(registry: &Registry, id: &VolumeId) -> Result<AttachReport> {
     // then finds the volume unregistered instead of binding a file that
     // is about to be deleted.
     let _lock = Registry::volume_lock(registry.root(), id)?;
-    let (volume, path, backing, registry_warnings) = verified_backing(registry, id)?;
-    let mut warnings = size_warning(&backing, &volume)
+    let (volume, backing, registry_warnings) = verified_backing(registry, id)?;
+    let meta = backing.metadata().context("inspecting the backing file")?;
+    let mut warnings = size_warning(meta.len(), &volume)
         .into_iter()
         .collect::<Vec<_>>();
 
-    let meta = backing.metadata().context("inspecting the backing file")?;
     // systemd stops a start that takes too long with SIGTERM. From here
     // on (before anything is bound) it is caught: it ends the udev wait,
     // and the device this call bound is released like after any other
     // failure.
     let stop_requests = signals::catch_stop_requests();
-    let existing = loop_device::devices_holding(&backing)?;
+    let existing = loop_device::devices_holding(&backing, &meta)?;
 
     // `bound_here`: a device this call bound, and so must release again
     // if attaching fails after all; a device found bound is left alone.
@@ -159,7 +159,7 @@ pub fn attach(registry: &Registry, id: &VolumeId) -> Result<AttachReport> {
         None => {
             // The kernel silently drops direct I/O when the loop device's
             // sectors are smaller than the backing device's; say why.
-            let sector_warning = backing_logical_block_size(&path)
+            let sector_warning = logical_block_size_of_device(meta.dev())
                 .filter(|_| volume.direct_io)
                 .and_then(|backing| sector_size_blocks_direct_io(volume.sector_size, backing));
             let options = BindOptions {
@@ -368,8 +368,7 @@ fn sector_size_mismatch(number: u32, volume: &Volume) -> Option<String> {
     })
 }
 
-fn size_warning(backing: &File, volume: &Volume) -> Option<String> {
-    let actual = backing.metadata().ok()?.len();
+fn size_warning(actual: u64, volume: &Volume) -> Option<String> {
     (actual != volume.size).then(|| {
         format!(
             "the backing file is {actual} bytes but the registry records {}; `sparse-volume check` reports it",

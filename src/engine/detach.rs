@@ -182,7 +182,11 @@ fn candidate_backing_files(registry: &Registry, id: &VolumeId) -> Vec<PathBuf> {
         paths.push(registry.root().host_path(&volume.path));
     }
     for storage_root in &registry.config().storage_roots {
-        paths.push(registry.root().host_path(storage_root.join(id.to_string())));
+        let path = registry.root().host_path(storage_root.join(id.to_string()));
+        // The registry's path is usually one of them: looked up once.
+        if !paths.contains(&path) {
+            paths.push(path);
+        }
     }
     paths
 }

@@ -9,6 +9,8 @@ use std::path::Path;
 use linux_raw_sys::ioctl as abi;
 use nix::errno::Errno;
 
+use crate::kernel::sysfs::read_number;
+
 fn check(result: libc::c_int) -> Result<libc::c_int, Errno> {
     Errno::result(result)
 }
@@ -88,20 +90,25 @@ pub fn resize_partition(
 /// the caller decides the default.
 pub fn backing_logical_block_size(path: &Path) -> Option<u32> {
     let meta = path.ancestors().find_map(|p| fs::metadata(p).ok())?;
-    let dev = std::os::unix::fs::MetadataExt::dev(&meta);
+    logical_block_size_of_device(std::os::unix::fs::MetadataExt::dev(&meta))
+}
+
+/// The logical block size of the block device `dev` (a file's `st_dev`),
+/// from sysfs; `None` for an anonymous device (see above).
+pub fn logical_block_size_of_device(dev: u64) -> Option<u32> {
     let (major, minor) = (nix::sys::stat::major(dev), nix::sys::stat::minor(dev));
-    let device = fs::canonicalize(format!("/sys/dev/block/{major}:{minor}")).ok()?;
+    // The link's target, read once and used as it is (`../../devices/…`
+    // below /sys/dev/block): the kernel resolves it at each open, where a
+    // canonicalized path would cost a readlink per component.
+    let link = Path::new("/sys/dev/block").join(format!("{major}:{minor}"));
+    let device = link.parent()?.join(fs::read_link(&link).ok()?);
     // A partition has no queue of its own: its disk's sector size applies.
     let disk = if device.join("partition").exists() {
-        device.parent()?.to_path_buf()
+        device.join("..")
     } else {
         device
     };
-    fs::read_to_string(disk.join("queue/logical_block_size"))
-        .ok()?
-        .trim()
-        .parse()
-        .ok()
+    read_number(&disk.join("queue/logical_block_size"))
 }
 
 #[cfg(test)]

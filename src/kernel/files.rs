@@ -84,19 +84,26 @@ pub struct ExclusiveLock {
 impl ExclusiveLock {
     /// Blocks until the lock on `path` (created if missing) is ours.
     pub fn acquire(path: &Path) -> Result<Self> {
-        if let Some(dir) = path.parent() {
-            fs::create_dir_all(dir)
-                .with_context(|| format!("creating lock directory {}", dir.display()))?;
-        }
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .mode(0o600)
-            .custom_flags(libc::O_CLOEXEC)
-            .open(path)
-            .with_context(|| format!("opening lock file {}", path.display()))?;
+        let open = || {
+            OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create(true)
+                .truncate(false)
+                .mode(0o600)
+                .custom_flags(libc::O_CLOEXEC)
+                .open(path)
+        };
+        // The directory is made once per boot: first try the file.
+        let opened = match (open(), path.parent()) {
+            (Err(e), Some(dir)) if e.kind() == std::io::ErrorKind::NotFound => {
+                fs::create_dir_all(dir)
+                    .with_context(|| format!("creating lock directory {}", dir.display()))?;
+                open()
+            }
+            (opened, _) => opened,
+        };
+        let file = opened.with_context(|| format!("opening lock file {}", path.display()))?;
         let lock = Flock::lock(file, FlockArg::LockExclusive)
             .map_err(|(_, errno)| errno)
             .with_context(|| format!("locking {}", path.display()))?;

@@ -13,6 +13,7 @@ pub mod holders;
 pub mod loop_device;
 pub mod private_mount;
 pub mod signals;
+pub mod sysfs;
 pub mod udev_link;
 
 /// For the unit tests that make devices or mounts: true, after saying so,

@@ -34,14 +34,20 @@ pub fn record(root: &SystemRoot, id: &VolumeId, number: u32) {
 
 /// The number noted for the volume, if any.
 pub fn recorded(root: &SystemRoot, id: &VolumeId) -> Option<u32> {
-    let mut text = String::new();
-    OpenOptions::new()
+    // One read: a note is a few bytes, and one that does not read whole
+    // in 64 is no note of ours.
+    let mut buffer = [0u8; 64];
+    let length = OpenOptions::new()
         .read(true)
         .custom_flags(libc::O_CLOEXEC)
         .open(Registry::volume_lock_path(root, id))
         .ok()?
-        .take(64)
-        .read_to_string(&mut text)
+        .read(&mut buffer)
         .ok()?;
-    text.trim_end().strip_prefix("loop")?.parse().ok()
+    std::str::from_utf8(&buffer[..length])
+        .ok()?
+        .trim_end()
+        .strip_prefix("loop")?
+        .parse()
+        .ok()
 }

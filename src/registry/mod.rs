@@ -209,12 +209,10 @@ impl Registry {
     /// The registry file of `id` and what became of it, if there is one.
     pub fn entry(&self, id: &VolumeId) -> Option<Entry> {
         let file = self.root.volume_file(id);
-        // Not `exists()`: a symbolic link (even a dangling one) is an
-        // entry, and a refused one.
-        fs::symlink_metadata(&file)
-            .is_ok()
-            .then(|| self.read_entry(trust::read(&file), file))
-            .flatten()
+        // A missing file is no entry; a symbolic link (even a dangling
+        // one) is one, and a refused one (`trust::read` opens without
+        // following it).
+        self.read_entry(trust::read(&file), file)
     }
 
     /// The volume registered under `id`, `Ok(None)` if there is none. In

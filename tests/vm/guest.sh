@@ -370,10 +370,6 @@ pv_paths_exist() {
         *) want+="/dev/disk/by-uuid/${!name}"$'\n' ;;
         esac
     done
-    # The README's volume, from its commands until readme-check removes it.
-    if [[ -n ${PGDATA:-} && -e $VOLUMES_D/$PGDATA.toml ]]; then
-        want+="/dev/disk/by-uuid/$PGDATA"$'\n'
-    fi
     [[ $paths == "$(sort <<<"${want%$'\n'}")" ]] ||
         fail "after boot $boot: pv --all names $paths, expected one path per enabled volume: $want"
     for path in $paths; do
@@ -545,8 +541,6 @@ readme_create() {
     grep -q 'sparse-volume create' <<<"$block" || fail "README: the second sh block is not the first volume: $block"
     bash -euo pipefail -c "$block" || fail "README: the first volume's commands failed as written: $block"
     findmnt /srv/pg >/dev/null || fail "README: /srv/pg is not mounted after its commands"
-    # For the checks of the boots until readme-check removes it.
-    echo "PGDATA=$($CLI status pg-data --json | json_field uuid)" >>"$STATE"
     [[ $(readme_block 3) == "systemctl reboot" ]] ||
         fail "README: the reboot block is not 'systemctl reboot' (scenario.sh reboots the guest so): $(readme_block 3)"
     log "README: the first volume made and mounted, as written"
@@ -554,6 +548,8 @@ readme_create() {
 
 readme_check() {
     local block out source
+    # As a reader would: once the boot is over (the mount is nofail).
+    systemctl is-system-running --wait >/dev/null || true
     block=$(readme_block 4)
     out=$(bash -euo pipefail -c "$block" 2>&1) || fail "README: the commands after the reboot failed as written: $out"
     source=$(findmnt -n -o SOURCE /srv/pg) || fail "README: /srv/pg is not mounted after the reboot"

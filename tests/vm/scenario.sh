@@ -171,8 +171,9 @@ else
     phase "a block volume's partition appears once per attach" partition-once
     phase "the README's first volume, as written" readme-create
     reboot_checked 1 "the volumes made at setup"
-    phase "verify after reboot 1" verify 1
+    # First, so that the checks of boot 1 see only the scenario's volumes.
     phase "the README's commands after the reboot, as written" readme-check
+    phase "verify after reboot 1" verify 1
     phase "consumers of sparse-volumes.target" consumers
     phase "reports tell the device's truth" device-truth
     if [[ $scope == full ]]; then

@@ -428,11 +428,11 @@ pub fn bound_statuses() -> Result<Vec<(u32, LoopStatus)>> {
 /// The bound devices whose backing file is `backing` (device + inode), in
 /// number order. When the kernel says nothing but `backing` itself holds
 /// the file open, no device can: then none is asked.
-pub fn devices_holding(backing: &File) -> Result<Vec<(u32, LoopStatus)>> {
+pub fn devices_holding(backing: &File, meta: &std::fs::Metadata) -> Result<Vec<(u32, LoopStatus)>> {
     if held_elsewhere::held_by_us_alone(backing)? {
         return Ok(Vec::new());
     }
-    statuses_backed_by(&backing.metadata().context("inspecting the backing file")?)
+    statuses_backed_by(meta)
 }
 
 /// The bound devices, with their status, whose backing file has `meta`'s

@@ -15,17 +15,14 @@ use anyhow::{bail, Context, Result};
 use nix::errno::Errno;
 
 use super::device::LockedControl;
+use crate::kernel::sysfs::read_number;
 
 fn queue_file(number: u32, name: &str) -> PathBuf {
     PathBuf::from(format!("/sys/block/loop{number}/queue/{name}"))
 }
 
 fn read_limit(number: u32, name: &str) -> Option<u64> {
-    std::fs::read_to_string(queue_file(number, name))
-        .ok()?
-        .trim()
-        .parse()
-        .ok()
+    read_number(&queue_file(number, name))
 }
 
 /// Discard limits of a device, in bytes: what it accepts now, and what

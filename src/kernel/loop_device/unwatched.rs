@@ -15,8 +15,8 @@
 //! configure the device and close it without that event.
 
 use std::fs::{File, OpenOptions};
-use std::os::unix::fs::{FileTypeExt, MetadataExt, OpenOptionsExt, PermissionsExt};
-use std::path::Path;
+use std::os::unix::fs::{FileTypeExt, MetadataExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
 use nix::sys::stat::{mknod, Mode, SFlag};
@@ -41,13 +41,31 @@ pub fn open_read_write(node: &File) -> Result<File> {
     open_in(Path::new(PARENT), kind, meta.rdev())
 }
 
+/// A directory made for the node (mode 0700, by `mkdtemp`), removed when
+/// dropped: it holds nothing by then, so one `rmdir` does, where a
+/// recursive removal would list it first.
+struct PrivateDirectory(PathBuf);
+
+impl PrivateDirectory {
+    fn new(parent: &Path) -> Result<Self> {
+        let template = parent.join(".sparse-volume-XXXXXX");
+        nix::unistd::mkdtemp(&template)
+            .map(Self)
+            .with_context(|| format!("creating a private directory in {}", parent.display()))
+    }
+}
+
+impl Drop for PrivateDirectory {
+    fn drop(&mut self) {
+        if let Err(e) = std::fs::remove_dir(&self.0) {
+            tracing::warn!("removing {}: {e}", self.0.display());
+        }
+    }
+}
+
 fn open_in(parent: &Path, kind: SFlag, device: u64) -> Result<File> {
-    let directory = tempfile::Builder::new()
-        .prefix(".sparse-volume-")
-        .permissions(std::fs::Permissions::from_mode(0o700))
-        .tempdir_in(parent)
-        .with_context(|| format!("creating a private directory in {}", parent.display()))?;
-    let path = directory.path().join("device");
+    let directory = PrivateDirectory::new(parent)?;
+    let path = directory.0.join("device");
     mknod(&path, kind, Mode::S_IRUSR | Mode::S_IWUSR, device)
         .with_context(|| format!("creating the device node {}", path.display()))?;
     let opened = OpenOptions::new()
