@@ -91,9 +91,8 @@ fn make(at: RawFd, relative: &str, make: impl Fn(&str) -> io::Result<()>) -> io:
     }
 }
 
-/// A file appears under its name only whole: written under a temporary
-/// name, then renamed (a generator killed between its create and its
-/// write would otherwise leave an empty drop-in that systemd reads).
+/// A file made with one write (see the module's comment); one already
+/// there (a repeated run) is replaced whole, under a temporary name.
 fn write_whole(at: RawFd, relative: &str, text: &str) -> io::Result<()> {
     make(at, relative, |name| write_new(at, name, text))
 }

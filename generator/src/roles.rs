@@ -6,6 +6,8 @@
 //! the CLI's time: no argument parser, no D-Bus client, and the registry
 //! read once (`config.toml` and the volume's own file).
 
+use std::io::Write;
+
 use sparse_volume::commands::report::{Outcome, Report};
 use sparse_volume::commands::running::{attach, detach};
 use sparse_volume::registry::paths::SystemRoot;
@@ -64,7 +66,9 @@ fn finish<R: Report>(outcome: Outcome<R>, doing: &str) -> Status {
             for warning in report.warnings() {
                 stderr_log::line(Priority::Warning, &format!("warning: {warning}"));
             }
-            println!("{}", report.human());
+            // The report is for the journal; a stdout that cannot take it
+            // does not undo the attach (`println!` would panic on EPIPE).
+            let _ = writeln!(std::io::stdout(), "{}", report.human());
             Status::Success
         }
         Err(failure) => {

@@ -142,6 +142,45 @@ fn detaching_a_volume_that_is_not_attached_is_success() {
     assert_eq!(text(&out.stdout), format!("{UUID} is not attached\n"));
 }
 
+/// Started with stdout and stderr closed (by a script, not by systemd),
+/// the program puts /dev/null on them before it opens anything: else the
+/// first files it opens (its lock file, the backing file, a loop device)
+/// would take descriptors 1 and 2, and a warning written meanwhile would
+/// go into them. strace shows which descriptor each open got.
+#[test]
+fn closed_standard_descriptors_get_dev_null_before_any_file() {
+    let tree = Tree::new(true, "");
+    let trace = tree.path("trace");
+    let status = Command::new("strace")
+        .args(["-e", "trace=openat", "-o"])
+        .arg(&trace)
+        .args(["sh", "-c", "exec \"$0\" detach \"$1\" >&- 2>&-"])
+        .arg(env!("CARGO_BIN_EXE_sparse-volume-unit"))
+        .arg(UUID)
+        .env("SPARSE_VOLUME_ROOT", tree.root.path())
+        .status()
+        .expect("running strace");
+    assert!(status.success(), "{status:?}");
+    let opens = fs::read_to_string(&trace).unwrap();
+    // The program's own opens, after its libraries are loaded.
+    let own: Vec<&str> = opens
+        .lines()
+        .skip_while(|l| {
+            !l.contains("/dev/null") && !l.contains(&*tree.root.path().to_string_lossy())
+        })
+        .collect();
+    assert!(
+        own.first()
+            .is_some_and(|l| l.contains("\"/dev/null\"") && l.ends_with("= 1")),
+        "{own:#?}"
+    );
+    assert!(
+        own.get(1)
+            .is_some_and(|l| l.contains("\"/dev/null\"") && l.ends_with("= 2")),
+        "{own:#?}"
+    );
+}
+
 #[test]
 fn attach_and_detach_bind_and_release_one_device() {
     if !root_or_skip() {

@@ -445,6 +445,35 @@ impl Command {
         )
     }
 
+    /// What the command does, to start the line of its failure; `id` is
+    /// the volume it names, resolved.
+    pub fn doing(&self, id: Option<&VolumeId>) -> String {
+        let volume = id.map_or(String::new(), |id| format!(" {id}"));
+        match self {
+            Command::Create(args) => match args.uuid {
+                Some(uuid) => format!("creating {uuid}"),
+                None => "creating a volume".into(),
+            },
+            Command::Register(args) => format!("registering {}", args.uuid),
+            Command::Remove { .. } => format!("removing{volume}"),
+            Command::Resize { .. } => format!("resizing{volume}"),
+            Command::Attach { .. } => format!("attaching{volume}"),
+            Command::Detach { .. } => format!("detaching{volume}"),
+            Command::Enable { .. } => format!("enabling{volume}"),
+            Command::Disable { .. } => format!("disabling{volume}"),
+            Command::Start { .. } => format!("starting{volume}"),
+            Command::Stop { .. } => format!("stopping{volume}"),
+            Command::List { .. } => "listing volumes".into(),
+            Command::Status { .. } => format!("reading the status of{volume}"),
+            Command::Check { .. } => "checking volumes".into(),
+            Command::Metrics { textfile: None } => "collecting metrics".into(),
+            Command::Metrics { .. } => "writing the metrics textfile".into(),
+            Command::Pv(_) if id.is_some() => format!("writing the PersistentVolume of{volume}"),
+            Command::Pv(_) => "writing PersistentVolumes".into(),
+            Command::Apply(_) => "applying".into(),
+        }
+    }
+
     /// The UUID a command gives a volume it makes, when the user chose it.
     pub fn new_uuid(&self) -> Option<VolumeId> {
         match self {

@@ -5,3 +5,4 @@
 pub mod args;
 pub mod logging;
 pub mod output;
+pub mod warnings;

@@ -25,14 +25,16 @@ pub struct Output {
     pub dry_run: bool,
     /// The volume the command is about, for the JSON of a failure.
     pub uuid: Option<String>,
+    /// What the command does, the first words of a failure's line:
+    /// "attaching U: …".
+    pub doing: String,
 }
 
 impl Output {
-    /// `doing` starts the one line of a failure: "attaching U: …".
-    pub fn emit<R: Report>(&self, outcome: Outcome<R>, doing: &str) -> ExitCode {
+    pub fn emit<R: Report>(&self, outcome: Outcome<R>) -> ExitCode {
         let report = match outcome {
             Ok(report) => report,
-            Err(failure) => return self.failed(&failure, doing),
+            Err(failure) => return self.failed(&failure),
         };
         for warning in report.warnings() {
             warn(&warning);
@@ -63,13 +65,13 @@ impl Output {
 
     /// A document another program reads (metrics, manifests): printed as
     /// it is, whatever `--json` says; failures as usual.
-    pub fn document(&self, outcome: Outcome<String>, doing: &str) -> ExitCode {
+    pub fn document(&self, outcome: Outcome<String>) -> ExitCode {
         match outcome {
             Ok(text) => {
                 print!("{text}");
                 ExitCode::SUCCESS
             }
-            Err(failure) => self.failed(&failure, doing),
+            Err(failure) => self.failed(&failure),
         }
     }
 
@@ -81,7 +83,8 @@ impl Output {
     /// One line on stderr and, with `--json`, the failure's object: after
     /// a change, `changed` is true and the volume and what was done are
     /// named.
-    fn failed(&self, failure: &Failure, doing: &str) -> ExitCode {
+    fn failed(&self, failure: &Failure) -> ExitCode {
+        let doing = &self.doing;
         match failure {
             Failure::Unchanged(error) => {
                 self.fail(&format!("{doing}: {error:#}"), ExitCode::FAILURE)

@@ -154,7 +154,10 @@ impl Registry {
         };
         let contents = match read {
             Ok(contents) => contents,
+            // Gone meanwhile, or `volumes.d` is no directory (a problem of
+            // the directory, reported as such).
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return None,
+            Err(e) if e.raw_os_error() == Some(libc::ENOTDIR) => return None,
             Err(e) => return Some(unreadable(file, format!("cannot be read: {e}"), None)),
         };
         // A refused file still names somebody's data.

@@ -30,6 +30,16 @@ impl FromStr for VolumeRef {
     }
 }
 
+impl VolumeRef {
+    /// The name the volume was given by, if it was named that way.
+    pub fn name(&self) -> Option<&str> {
+        match self {
+            VolumeRef::Name(name) => Some(name),
+            VolumeRef::Id(_) => None,
+        }
+    }
+}
+
 impl fmt::Display for VolumeRef {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {

@@ -517,20 +517,22 @@ upgrade_from_previous() {
     log "upgraded $(cat /root/previous/version) -> $version with $(wc -l <<<"$invocations") volume units active: no device, mount or unit changed; the units stop with $LEAN"
 }
 
-# The units of boot N ran the lean executable: ExecStart names it, and the
-# unit's own lines in this boot's journal (the "attached" line among them)
-# came from it (their _EXE). Not ExecStart's runtime fields, which a
-# daemon-reload since the start clears.
+# The units of boot N ran the lean executable: what systemd ran at boot is
+# what ExecStart names (loaded before the boot's first start, unchanged
+# since), and the unit said "attached" in this boot's journal. (Not
+# ExecStart's runtime fields, which a daemon-reload since the start
+# clears, nor the lines' _EXE, which journald cannot read from a process
+# that exited within a millisecond.)
 verify_lean_units() {
-    local unit=sparse-volume@$EXT4.service exec said exe
+    local unit=sparse-volume@$EXT4.service exec said
     exec=$(systemctl show -p ExecStart --value "$unit")
     [[ $exec == *"path=$LEAN ;"*" attach $EXT4 ;"* ]] ||
         fail "$unit does not run $LEAN attach: ExecStart=$exec"
+    [[ $(systemctl show -p Result --value "$unit") == success ]] ||
+        fail "$unit: Result=$(systemctl show -p Result --value "$unit")"
     said=$(journalctl -b 0 -u "$unit" -t sparse-volume -o cat --no-pager | grep "^attached $EXT4 as /dev/loop" || true)
     [[ -n $said ]] || fail "$unit's journal of this boot has no \"attached $EXT4 as ...\" line from sparse-volume"
-    exe=$(journalctl -b 0 -u "$unit" -t sparse-volume -o export --no-pager | sed -n 's/^_EXE=//p' | sort -u)
-    [[ $exe == "$LEAN" ]] || fail "$unit's lines of this boot come from ${exe:-nothing}, expected $LEAN"
-    log "the units ran $LEAN at boot: \"$said\", from $exe"
+    log "the units ran $LEAN at boot: \"$said\""
 }
 
 # The N-th ```sh block of the README (copied in by scenario.sh).
@@ -641,10 +643,23 @@ verify() {
         # release: volumes attached by its unit detached by ours). Only the
         # journal since the reboot was asked for (scenario.sh writes the
         # time to /root/reboot-at): a phase may provoke refusals on purpose.
-        local stops shutdown_log
-        shutdown_log=$(journalctl -b -1 --no-pager -o cat --since "@$(cat /root/reboot-at 2>/dev/null || echo 0)")
-        stops=$(grep -c '^detached ' <<<"$shutdown_log" || true)
-        ((stops >= 5)) || fail "previous shutdown: only $stops volumes detached"
+        local stops shutdown_log active failed since
+        since=$(cat /root/reboot-at 2>/dev/null || echo 0)
+        shutdown_log=$(journalctl -b -1 --no-pager -o cat --since "@$since")
+        # Every unit active when the reboot was asked for (scenario.sh
+        # counts them) stopped with a detach that succeeded.
+        active=$(cat /root/active-at-reboot 2>/dev/null || echo 0)
+        stops=$(grep -cE '^detached |^[0-9a-f-]{36} is not attached$' <<<"$shutdown_log" || true)
+        failed=$(journalctl -b -1 --no-pager -o cat --since "@$since" -u 'sparse-volume@*' |
+            grep -E 'Failed with result|Control process exited|code=dumped|code=killed' || true)
+        [[ -z $failed ]] || fail "previous shutdown: volume units failed to stop: $failed"
+        if ((stops != active)); then
+            if ((boot == 3)); then
+                log "NOTE: the shutdown after remove, purge and install stopped $stops of $active volume units with a detach (see below); not failed here"
+            else
+                fail "previous shutdown: $stops of the $active active volume units detached"
+            fi
+        fi
         if grep -E '^sparse-volume: detaching' <<<"$shutdown_log"; then
             if ((boot == 3)); then
                 # Known and not this scenario's subject: while the package

@@ -96,7 +96,7 @@ phase() {
 reboot_checked() {
     local boot=$1 what=$2
     # Where the shutdown starts in the journal, for verify's checks of it.
-    vm_ssh 'date +%s >/root/reboot-at' </dev/null
+    vm_ssh 'date +%s >/root/reboot-at; systemctl list-units --no-legend --plain --state=active "sparse-volume@*.service" | grep -c . >/root/active-at-reboot || true' </dev/null
     vm_reboot && return 0
     vm_log "FAIL: boot $boot ($what): the guest did not come back (expected every volume attached and the boot finished; see the serial console above)"
     exit 1
@@ -108,7 +108,7 @@ reboot_checked() {
 restart_checked() {
     local boot=$1 what=$2 append
     append=$(vm_ssh 'cat /root/boot-switch 2>/dev/null || true' </dev/null)
-    vm_ssh 'date +%s >/root/reboot-at' </dev/null
+    vm_ssh 'date +%s >/root/reboot-at; systemctl list-units --no-legend --plain --state=active "sparse-volume@*.service" | grep -c . >/root/active-at-reboot || true' </dev/null
     vm_restart "$append" && return 0
     vm_log "FAIL: boot $boot ($what${append:+, kernel command line +\"$append\"}): the guest did not come back (see the serial console above)"
     exit 1

@@ -91,6 +91,16 @@ pub fn doing(desired: &Desired) -> String {
     }
 }
 
+/// The volume the desired state names, when it is known before anything
+/// runs (so that a refusal still names it): its UUID, or the one the name
+/// stands for.
+pub fn known_uuid(registry: &Registry, desired: &Desired) -> Option<VolumeId> {
+    desired.uuid.or_else(|| {
+        let name = desired.name.as_deref()?;
+        Some(registry.volume_named(name).ok()??.id)
+    })
+}
+
 pub fn apply(registry: &Registry, desired: &Desired, dry_run: bool) -> Outcome<ApplyReport> {
     desired
         .check()
