@@ -120,7 +120,7 @@ pub fn attach(registry: &Registry, id: &VolumeId) -> Result<AttachReport> {
     // from its detach until the entry is gone, so an attach waiting here
     // then finds the volume unregistered instead of binding a file that
     // is about to be deleted.
-    let _lock = Registry::volume_lock(registry.root(), id)?;
+    let lock = Registry::volume_lock(registry.root(), id)?;
     let (volume, backing, registry_warnings) = verified_backing(registry, id)?;
     let meta = backing.metadata().context("inspecting the backing file")?;
     let mut warnings = size_warning(meta.len(), &volume)
@@ -224,7 +224,7 @@ pub fn attach(registry: &Registry, id: &VolumeId) -> Result<AttachReport> {
             ))
         }
     };
-    device_note::record(registry.root(), id, number);
+    device_note::record(&lock, number);
 
     Ok(AttachReport {
         changed,

@@ -13,6 +13,7 @@ use anyhow::{bail, Result};
 use nix::errno::Errno;
 use serde::Serialize;
 
+use crate::kernel::files::ExclusiveLock;
 use crate::kernel::holders::users_of_loop;
 use crate::kernel::loop_device::{
     self, ioctl::LO_FLAGS_AUTOCLEAR, renew_if_discards_left_off, DiscardLimits, LoopDevice,
@@ -34,22 +35,31 @@ pub struct DetachReport {
 }
 
 pub fn detach(registry: &Registry, id: &VolumeId) -> Result<DetachReport> {
-    let _lock = Registry::volume_lock(registry.root(), id)?;
-    detach_locked(registry, id)
+    let lock = Registry::volume_lock(registry.root(), id)?;
+    detach_locked(registry, id, &lock)
 }
 
 /// `detach --dry-run`: the devices a detach would release.
 pub fn plan_detach(registry: &Registry, id: &VolumeId) -> Result<DetachReport> {
-    let _lock = Registry::volume_lock(registry.root(), id)?;
-    release(registry, id, false)
+    let lock = Registry::volume_lock(registry.root(), id)?;
+    release(registry, id, &lock, false)
 }
 
-/// [`detach`] for a caller that holds the volume lock already.
-pub fn detach_locked(registry: &Registry, id: &VolumeId) -> Result<DetachReport> {
-    release(registry, id, true)
+/// [`detach`] for a caller that holds the volume's `lock` already.
+pub fn detach_locked(
+    registry: &Registry,
+    id: &VolumeId,
+    lock: &ExclusiveLock,
+) -> Result<DetachReport> {
+    release(registry, id, lock, true)
 }
 
-fn release(registry: &Registry, id: &VolumeId, really: bool) -> Result<DetachReport> {
+fn release(
+    registry: &Registry,
+    id: &VolumeId,
+    lock: &ExclusiveLock,
+    really: bool,
+) -> Result<DetachReport> {
     let mut numbers = Vec::new();
     let mut found_by = None;
     // The noted device's file, kept open until the end: looked for below
@@ -61,7 +71,7 @@ fn release(registry: &Registry, id: &VolumeId, really: bool) -> Result<DetachRep
     // and the full scan alike.
     let candidates = candidate_backing_files(registry, id);
     if really {
-        if let Some(device) = noted_device(registry, id, &candidates) {
+        if let Some(device) = noted_device(lock, id, &candidates) {
             detach_device(device.number, device.status.backing())?;
             crate::hooks::stop_at(crate::hooks::Stop::DetachAfterNotedRelease);
             numbers.push(device.number);
@@ -137,8 +147,12 @@ impl NotedDevice {
 /// noted one: a storage root on a dead NFS server or FUSE daemon costs no
 /// more than the full scan's own lookups. The device is closed again, as
 /// a detach needs.
-fn noted_device(registry: &Registry, id: &VolumeId, candidates: &[PathBuf]) -> Option<NotedDevice> {
-    let number = device_note::recorded(registry.root(), id)?;
+fn noted_device(
+    lock: &ExclusiveLock,
+    id: &VolumeId,
+    candidates: &[PathBuf],
+) -> Option<NotedDevice> {
+    let number = device_note::recorded(lock)?;
     let status = LoopDevice::open(number, false).ok()?.status().ok()??;
     if tagged_for_another(&status, id) {
         return None;

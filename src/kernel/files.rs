@@ -77,7 +77,7 @@ fn parent_dir(path: &Path) -> Result<&Path> {
 /// An exclusive `flock` held for as long as the value lives.
 #[derive(Debug)]
 pub struct ExclusiveLock {
-    _lock: Flock<File>,
+    lock: Flock<File>,
     path: PathBuf,
 }
 
@@ -108,13 +108,19 @@ impl ExclusiveLock {
             .map_err(|(_, errno)| errno)
             .with_context(|| format!("locking {}", path.display()))?;
         Ok(Self {
-            _lock: lock,
+            lock,
             path: path.to_path_buf(),
         })
     }
 
     pub fn path(&self) -> &Path {
         &self.path
+    }
+
+    /// The locked file, open for reading and writing: a note kept in it is
+    /// read and written only by the holder of the lock.
+    pub fn file(&self) -> &File {
+        &self.lock
     }
 }
 

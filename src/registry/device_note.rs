@@ -6,44 +6,31 @@
 //! only after the device itself names the volume's file, and `/run` starts
 //! empty at every boot.
 
-use std::fs::OpenOptions;
-use std::io::Read;
-use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::os::unix::fs::FileExt;
 
-use crate::registry::paths::SystemRoot;
-use crate::registry::Registry;
-use crate::volume::id::VolumeId;
+use crate::kernel::files::ExclusiveLock;
 
-/// Notes `number` for the volume. Best effort: without the note, detach
-/// looks at every device as before.
-pub fn record(root: &SystemRoot, id: &VolumeId, number: u32) {
-    let path = Registry::volume_lock_path(root, id);
+/// Notes `number` in the volume's lock file, through the lock the caller
+/// holds. Best effort: without the note, detach looks at every device as
+/// before.
+pub fn record(lock: &ExclusiveLock, number: u32) {
     let text = format!("loop{number}\n");
-    let written = OpenOptions::new()
-        .write(true)
-        .custom_flags(libc::O_CLOEXEC)
-        .open(&path)
-        .and_then(|file| {
-            file.write_all_at(text.as_bytes(), 0)?;
-            file.set_len(text.len() as u64)
-        });
+    let file = lock.file();
+    let written = file
+        .write_all_at(text.as_bytes(), 0)
+        .and_then(|()| file.set_len(text.len() as u64));
     if let Err(error) = written {
-        tracing::debug!("noting the device in {}: {error}", path.display());
+        tracing::debug!("noting the device in {}: {error}", lock.path().display());
     }
 }
 
-/// The number noted for the volume, if any.
-pub fn recorded(root: &SystemRoot, id: &VolumeId) -> Option<u32> {
+/// The number noted in the volume's lock file, read through the lock the
+/// caller holds, if any.
+pub fn recorded(lock: &ExclusiveLock) -> Option<u32> {
     // One read: a note is a few bytes, and one that does not read whole
     // in 64 is no note of ours.
     let mut buffer = [0u8; 64];
-    let length = OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_CLOEXEC)
-        .open(Registry::volume_lock_path(root, id))
-        .ok()?
-        .read(&mut buffer)
-        .ok()?;
+    let length = lock.file().read_at(&mut buffer, 0).ok()?;
     std::str::from_utf8(&buffer[..length])
         .ok()?
         .trim_end()

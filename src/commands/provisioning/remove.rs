@@ -114,8 +114,8 @@ pub fn remove_volume(
     // Held until the entry is gone: attach reads the registry again under
     // this lock, so a start racing with us either finishes before (and is
     // detached below) or finds the volume unregistered.
-    let _volume_lock = Registry::volume_lock(root, id)?;
-    detached.extend(detach_locked(registry, id)?.devices);
+    let volume_lock = Registry::volume_lock(root, id)?;
+    detached.extend(detach_locked(registry, id, &volume_lock)?.devices);
 
     let directory = host_path
         .parent()

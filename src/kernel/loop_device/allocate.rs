@@ -96,19 +96,21 @@ pub fn bind_to_free_device(backing: &File, options: &BindOptions) -> Result<Boun
         // that number is rid of it. Decided before binding: a device we
         // bound and then released could stay bound while another opener
         // holds it, leaving the file on two devices.
-        if options.discard
-            && moves < MAX_RESIDUE_MOVES
-            && DiscardLimits::of(number).is_some_and(|limits| limits.turned_off())
-        {
+        let limits = (options.discard && moves < MAX_RESIDUE_MOVES)
+            .then(|| DiscardLimits::of(number))
+            .flatten();
+        if limits.is_some_and(|limits| limits.turned_off()) {
             drop(device);
             renew_device(&control, number);
             moves += 1;
             continue;
         }
+        // Seen free of the residue before binding: a bind gives it none.
+        let residue_ruled_out = limits.is_some();
         match configure(&device, backing, options) {
             Ok(legacy_ioctls) => {
                 let status = verify(&device, backing, options)?;
-                match settle_discards(&device, options) {
+                match settle_discards(&device, options, residue_ruled_out) {
                     Discards::AsWanted => {}
                     Discards::NotForbidden(warning) => warnings.push(warning),
                     Discards::LeftOff => warnings.push(format!(
@@ -273,8 +275,17 @@ enum Discards {
 }
 
 /// Applies the volume's discard policy while udev still waits for our
-/// lock, so no consumer ever sees the device with the wrong one.
-fn settle_discards(device: &LockedLoopDevice, options: &BindOptions) -> Discards {
+/// lock, so no consumer ever sees the device with the wrong one. A sparse
+/// volume's device is looked at again only when the residue was not ruled
+/// out before the bind (the renewals ran out, or its limits did not read).
+fn settle_discards(
+    device: &LockedLoopDevice,
+    options: &BindOptions,
+    residue_ruled_out: bool,
+) -> Discards {
+    if options.discard && residue_ruled_out {
+        return Discards::AsWanted;
+    }
     if !options.discard {
         return match forbid_discards(device.number()) {
             Ok(()) => Discards::AsWanted,
