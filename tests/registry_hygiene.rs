@@ -134,6 +134,52 @@ fn an_untrusted_volume_file_is_refused_and_the_others_keep_working() {
     }
 }
 
+/// Issue 24 item 2: a name lookup read every registry file that did not
+/// validate with a plain read, so a FIFO hung it (and a create holding the
+/// registry lock) and a link to /dev/zero read until memory ran out.
+#[test]
+fn a_name_lookup_reads_registry_files_only_through_the_trusted_reader() {
+    needs_root!();
+    for planted in ["fifo", "link to /dev/zero"] {
+        let fx = Fixture::new();
+        let named = new_uuid();
+        fx.run_ok(&[
+            "create", "--size", "16M", "--name", "data", "--uuid", &named,
+        ]);
+        let file = fx.registry_file(&new_uuid());
+        match planted {
+            "fifo" => {
+                nix::unistd::mkfifo(&file, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap()
+            }
+            _ => symlink("/dev/zero", &file).unwrap(),
+        }
+
+        let status = fx.run_within(20, &["status", "data", "--json"]);
+        assert_ne!(status.code, 124, "{planted}: status NAME hung");
+        assert_eq!(
+            status.json()["uuid"],
+            named.as_str(),
+            "{planted}: {}",
+            status.stderr
+        );
+
+        let other = new_uuid();
+        let create = fx.run_within(
+            20,
+            &[
+                "create", "--size", "16M", "--name", "other", "--uuid", &other,
+            ],
+        );
+        assert_ne!(create.code, 124, "{planted}: create --name hung");
+        assert_eq!(create.code, 0, "{planted}: {}", create.stderr);
+        // The same create again finds the named volume, not a new one.
+        let again = fx.run_within(20, &["create", "--size", "16M", "--name", "data", "--json"]);
+        assert_eq!(again.code, 0, "{planted}: {}", again.stderr);
+        assert_eq!(again.json()["uuid"], named.as_str(), "{planted}");
+        assert_eq!(again.json()["changed"], false, "{planted}");
+    }
+}
+
 #[test]
 fn a_writable_registry_directory_refuses_every_volume_with_one_finding() {
     needs_root!();

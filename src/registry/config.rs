@@ -91,20 +91,6 @@ pub const KNOWN_KEYS: &[&str] = &[
 const MAX_UDEV_TIMEOUT_SEC: i64 = 3600;
 
 impl Config {
-    /// Reads the config file; a missing file means all defaults. The
-    /// warnings name keys that were ignored.
-    pub fn load(file: &Path) -> Result<(Self, Vec<RegistryWarning>), RegistryError> {
-        match std::fs::read_to_string(file) {
-            Ok(text) => Self::parse_with_warnings(file, &text),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok((Self::default(), Vec::new())),
-            Err(e) => Err(RegistryError::new(
-                file,
-                None,
-                format!("cannot be read: {e}"),
-            )),
-        }
-    }
-
     pub fn parse(file: &Path, text: &str) -> Result<Self, RegistryError> {
         Self::parse_with_warnings(file, text).map(|(config, _)| config)
     }

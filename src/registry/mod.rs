@@ -389,9 +389,12 @@ fn load_config(file: &Path) -> Result<(Config, Vec<RegistryWarning>), RegistryEr
     Config::parse_with_warnings(file, &text)
 }
 
-/// The `name` of a registry file that does not validate.
+/// The `name` of a registry file that does not validate, read through the
+/// trusted reader like every registry file: a link or a FIFO planted in
+/// `volumes.d` names nothing (and must not hang or flood the lookup).
 fn raw_name(file: &Path) -> Option<String> {
-    raw_string(&fs::read_to_string(file).ok()?, "name")
+    let contents = trust::read(file).ok()?;
+    raw_string(std::str::from_utf8(&contents.bytes).ok()?, "name")
 }
 
 /// The `path` of a registry file that does not validate.

@@ -202,6 +202,26 @@ impl Fixture {
         }
     }
 
+    /// [`Fixture::run`] killed after `seconds`: for what must not hang
+    /// (a hang shows as code 124, timeout's own).
+    pub fn run_within(&self, seconds: u32, args: &[&str]) -> Run {
+        let mut command = self.command(args);
+        let program = command.get_program().to_owned();
+        let mut bounded = Command::new("timeout");
+        bounded
+            .args(["--kill-after=5", &seconds.to_string()])
+            .arg(program)
+            .args(args)
+            .envs(command.get_envs().filter_map(|(k, v)| Some((k, v?))))
+            .env_remove("JOURNAL_STREAM");
+        let output = bounded.output().expect("running timeout");
+        Run {
+            code: output.status.code().unwrap_or(-1),
+            stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
+            stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
+        }
+    }
+
     /// The CLI as an unprivileged user (nobody), without a bus.
     pub fn run_as_nobody(&self, args: &[&str]) -> Run {
         let output = Command::new("setpriv")
