@@ -136,6 +136,7 @@ stage() {
     install -D -m 0644 -t "$root/usr/lib/systemd/system" \
         "$TOP/units/$NAME@.service" "$TOP/units/sparse-volumes.target" \
         "$TOP/units/$NAME-metrics.service" "$TOP/units/$NAME-metrics.timer"
+    install -D -m 0644 "$TOP/units/$NAME.tmpfiles" "$root/usr/lib/tmpfiles.d/$NAME.conf"
     install -D -m 0644 "$HERE/prometheus/$NAME-alerts.yml" \
         "$root/usr/share/$NAME/prometheus-alerts.yml"
 

@@ -221,13 +221,15 @@ check_man_pages() {
 
 # --- maintainer scripts -----------------------------------------------------
 
-# A scratch root for one scenario, with a systemctl stub that logs its
-# arguments; $2 = yes makes it look as if systemd were running.
+# A scratch root for one scenario, with systemctl and systemd-tmpfiles
+# stubs that log their arguments (systemd-tmpfiles' prefixed with its
+# name) to one log; $2 = yes makes it look as if systemd were running.
 make_sandbox() {
     local box=$1 systemd=$2
     rm -rf "$box" && mkdir -p "$box/bin"
     printf '#!/bin/sh\necho "$*" >>"%s/systemctl.log"\n' "$box" >"$box/bin/systemctl"
-    chmod +x "$box/bin/systemctl"
+    printf '#!/bin/sh\necho "systemd-tmpfiles $*" >>"%s/systemctl.log"\n' "$box" >"$box/bin/systemd-tmpfiles"
+    chmod +x "$box/bin/systemctl" "$box/bin/systemd-tmpfiles"
     touch "$box/systemctl.log"
     if [[ $systemd == yes ]]; then mkdir -p "$box/run/systemd/system"; fi
     install -D -m 0644 "$HERE/config.toml" "$box/usr/share/sparse-volume/config.toml"
@@ -311,6 +313,9 @@ check_postinst_config() {
     [[ ! -e $box/etc/sparse-volume/config.toml ]] || { echo "an upgrade brought back a config.toml deleted on purpose"; return 1; }
 }
 
+# What an install or upgrade asks of systemd where it runs.
+INSTALL_LOG=$'--system daemon-reload\nsystemd-tmpfiles --create sparse-volume.conf'
+
 check_deb_scripts() {
     local control=$1 box=$SCRATCH/box reload="--system daemon-reload"
     # Another root for DPKG_ROOT, where postinst makes its directories.
@@ -318,7 +323,7 @@ check_deb_scripts() {
     mkdir -p "$other$box/etc" "$other$box/var/lib"
     install -D -m 0644 "$HERE/config.toml" "$other$box/usr/share/sparse-volume/config.toml"
     no_forbidden_commands "$control/postinst" "$control/postrm" &&
-        expect_run "postinst configure, systemd" "$box" yes "$reload" "" "$control/postinst" configure 0.0.9-1 &&
+        expect_run "postinst configure, systemd" "$box" yes "$INSTALL_LOG" "" "$control/postinst" configure 0.0.9-1 &&
         expect_run "postinst configure, no systemd" "$box" no "" "" "$control/postinst" configure &&
         DPKG_ROOT=$other expect_run "postinst configure, DPKG_ROOT" "$box" yes "" "" "$control/postinst" configure &&
         cmp "$HERE/config.toml" "$other$box/etc/sparse-volume/config.toml" &&
@@ -383,8 +388,8 @@ check_rpm_scripts() {
     rpm -qp --qf '%{POSTUN}\n' "$rpm" >"$SCRATCH/postun"
     field_is "%post/%postun interpreter" "$(rpm -qp --qf '%{POSTINPROG} %{POSTUNPROG}' "$rpm")" "/bin/sh /bin/sh" &&
         no_forbidden_commands "$SCRATCH/post" "$SCRATCH/postun" &&
-        expect_run "%post install" "$box" yes "$reload" "" "$SCRATCH/post" 1 &&
-        expect_run "%post upgrade" "$box" yes "$reload" "" "$SCRATCH/post" 2 &&
+        expect_run "%post install" "$box" yes "$INSTALL_LOG" "" "$SCRATCH/post" 1 &&
+        expect_run "%post upgrade" "$box" yes "$INSTALL_LOG" "" "$SCRATCH/post" 2 &&
         expect_run "%post, no systemd" "$box" no "" "" "$SCRATCH/post" 1 &&
         expect_run "%postun upgrade" "$box" yes "$reload" "" "$SCRATCH/postun" 1 &&
         expect_run "%postun erase" "$box" yes "$reload" kept-message "$SCRATCH/postun" 0

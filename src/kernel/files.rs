@@ -4,10 +4,10 @@
 use std::fs::{self, File, OpenOptions};
 use std::io::Write;
 use std::os::fd::{FromRawFd, OwnedFd, RawFd};
-use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
-use anyhow::{Context, Result};
+use anyhow::{anyhow, bail, Context, Result};
 use nix::fcntl::{openat, Flock, FlockArg, OFlag};
 
 /// Replaces `path` with `contents` so that a reader (or a crash) sees either
@@ -82,28 +82,34 @@ pub struct ExclusiveLock {
 }
 
 impl ExclusiveLock {
-    /// Blocks until the lock on `path` (created if missing) is ours.
+    /// Blocks until the lock on `path` (created if missing, in a directory
+    /// that must exist) is ours. The holder writes notes into the file, so
+    /// a link or a file somebody else made in its place is refused, never
+    /// followed or truncated.
     pub fn acquire(path: &Path) -> Result<Self> {
-        let open = || {
-            OpenOptions::new()
-                .read(true)
-                .write(true)
-                .create(true)
-                .truncate(false)
-                .mode(0o600)
-                .custom_flags(libc::O_CLOEXEC)
-                .open(path)
-        };
-        // The directory is made once per boot: first try the file.
-        let opened = match (open(), path.parent()) {
-            (Err(e), Some(dir)) if e.kind() == std::io::ErrorKind::NotFound => {
-                fs::create_dir_all(dir)
-                    .with_context(|| format!("creating lock directory {}", dir.display()))?;
-                open()
-            }
-            (opened, _) => opened,
-        };
-        let file = opened.with_context(|| format!("opening lock file {}", path.display()))?;
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .mode(0o600)
+            .custom_flags(libc::O_CLOEXEC | libc::O_NOFOLLOW | libc::O_NONBLOCK)
+            .open(path)
+            .map_err(|e| match e.raw_os_error() {
+                Some(libc::ELOOP) => anyhow!("refused: it is a symbolic link"),
+                _ => e.into(),
+            })
+            .and_then(|file| {
+                let meta = file.metadata()?;
+                if !meta.is_file() {
+                    bail!("refused: not a regular file");
+                }
+                if meta.uid() != nix::unistd::geteuid().as_raw() {
+                    bail!("refused: owned by uid {}, not by us", meta.uid());
+                }
+                Ok(file)
+            })
+            .with_context(|| format!("opening lock file {}", path.display()))?;
         let lock = Flock::lock(file, FlockArg::LockExclusive)
             .map_err(|(_, errno)| errno)
             .with_context(|| format!("locking {}", path.display()))?;

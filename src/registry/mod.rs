@@ -8,6 +8,7 @@ pub mod device_note;
 mod error;
 mod lenient;
 pub mod paths;
+pub mod run_dir;
 mod trust;
 mod volume_file;
 
@@ -348,20 +349,14 @@ impl Registry {
 
     /// Serialises registry read-modify-write and capacity decisions.
     pub fn lock(&self) -> Result<ExclusiveLock> {
-        ExclusiveLock::acquire(&self.root.run_dir().join("registry.lock"))
+        run_dir::lock(&self.root, "registry.lock")
     }
 
     /// Serialises device and data work on one volume (attach, detach,
     /// resize, deleting its file). Lock order: [`Registry::lock`] first,
     /// then this, never the other way round.
     pub fn volume_lock(root: &SystemRoot, id: &VolumeId) -> Result<ExclusiveLock> {
-        ExclusiveLock::acquire(&Self::volume_lock_path(root, id))
-    }
-
-    /// The file [`Registry::volume_lock`] locks; it also holds the
-    /// volume's `device_note`.
-    pub fn volume_lock_path(root: &SystemRoot, id: &VolumeId) -> PathBuf {
-        root.run_dir().join(format!("{id}.lock"))
+        run_dir::lock(root, &format!("{id}.lock"))
     }
 }
 

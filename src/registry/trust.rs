@@ -53,11 +53,16 @@ fn untrusted(path: &Path, meta: &Metadata) -> Option<String> {
 /// rename files in it can replace every file it holds). A missing
 /// directory is no problem: it holds nothing.
 pub fn check_directory(dir: &Path) -> Option<RegistryError> {
-    let meta = fs::metadata(dir).ok()?;
+    untrusted_directory(dir, &fs::metadata(dir).ok()?)
+}
+
+/// [`check_directory`] of a directory whose metadata is in hand (taken
+/// without following a link where a link is no directory either).
+pub fn untrusted_directory(dir: &Path, meta: &Metadata) -> Option<RegistryError> {
     if !meta.is_dir() {
         return Some(RegistryError::untrusted(dir, "refused: not a directory"));
     }
-    untrusted(dir, &meta).map(|reason| RegistryError::new(dir, None, format!("refused: {reason}")))
+    untrusted(dir, meta).map(|reason| RegistryError::new(dir, None, format!("refused: {reason}")))
 }
 
 /// The error of a file in a refused directory: it names the directory,

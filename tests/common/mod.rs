@@ -205,7 +205,7 @@ impl Fixture {
     /// [`Fixture::run`] killed after `seconds`: for what must not hang
     /// (a hang shows as code 124, timeout's own).
     pub fn run_within(&self, seconds: u32, args: &[&str]) -> Run {
-        let mut command = self.command(args);
+        let command = self.command(args);
         let program = command.get_program().to_owned();
         let mut bounded = Command::new("timeout");
         bounded

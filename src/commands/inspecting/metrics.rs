@@ -19,8 +19,9 @@ use crate::commands::inspecting::list::{listing, ListReport};
 use crate::commands::report::{Failure, Outcome, Report};
 use crate::engine::capacity::StorageRootUsage;
 use crate::engine::inspect::VolumeInfo;
-use crate::kernel::files::{write_atomically, ExclusiveLock};
+use crate::kernel::files::write_atomically;
 use crate::registry::paths::SystemRoot;
+use crate::registry::run_dir;
 use crate::registry::Registry;
 
 /// The file node_exporter's textfile collector reads (it reads `*.prom`;
@@ -97,7 +98,7 @@ fn log_pressure_crossings(root: &SystemRoot, usages: &[StorageRootUsage]) -> Vec
     let now: Vec<&StorageRootUsage> = usages.iter().filter(|u| u.under_pressure()).collect();
     let state_file = root.run_dir().join(PRESSURE_STATE_FILE);
     // Two writers at once must not both see "not yet warned".
-    let _lock = match ExclusiveLock::acquire(&root.run_dir().join("metrics.lock")) {
+    let _lock = match run_dir::lock(root, "metrics.lock") {
         Ok(lock) => lock,
         Err(e) => {
             tracing::debug!("not tracking space pressure: {e:#}");

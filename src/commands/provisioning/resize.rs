@@ -17,6 +17,7 @@ use crate::hooks::{self, Crash};
 use crate::kernel::holders::mounts_of_loop;
 use crate::kernel::loop_device::{self, BindOptions, LoopDevice};
 use crate::registry::paths::SystemRoot;
+use crate::registry::run_dir;
 use crate::registry::{check_size, Registry, Volume};
 use crate::volume::backing_file::{allocate, open_backing_file};
 use crate::volume::filesystem::{
@@ -245,7 +246,7 @@ fn grow_filesystem(
 /// The mount point is shared by every grow and never removed: each mount
 /// lives in its own tool's mount namespace (mkfs::grow_unmounted_xfs).
 fn grow_xfs_privately_mounted(root: &SystemRoot, number: u32) -> Result<()> {
-    let mount_point = root.run_dir().join("grow");
+    let mount_point = run_dir::ensure(root)?.join("grow");
     std::fs::create_dir_all(&mount_point)
         .with_context(|| format!("creating {}", mount_point.display()))?;
     grow_unmounted_xfs(&LoopDevice::path_of(number), &mount_point)

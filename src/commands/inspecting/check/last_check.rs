@@ -7,6 +7,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::commands::inspecting::check::CheckReport;
 use crate::registry::paths::SystemRoot;
+use crate::registry::run_dir;
 
 /// Where `check` leaves a summary of its findings for `metrics`.
 const LAST_CHECK_FILE: &str = "last-check.json";
@@ -52,11 +53,10 @@ impl LastCheck {
     /// Best effort: a check by a user who cannot write the run directory
     /// still reports; metrics then show the previous summary.
     pub(super) fn record(&self, root: &SystemRoot) {
-        let file = root.run_dir().join(LAST_CHECK_FILE);
         let written = serde_json::to_vec(self)
             .map_err(anyhow::Error::from)
             .and_then(|bytes| {
-                fs::create_dir_all(root.run_dir())?;
+                let file = run_dir::ensure(root)?.join(LAST_CHECK_FILE);
                 crate::kernel::files::write_atomically(&file, &bytes, 0o644)
             });
         if let Err(e) = written {
@@ -65,7 +65,7 @@ impl LastCheck {
     }
 
     pub fn read(root: &SystemRoot) -> Option<Self> {
-        let bytes = fs::read(root.run_dir().join(LAST_CHECK_FILE)).ok()?;
+        let bytes = fs::read(run_dir::ensure(root).ok()?.join(LAST_CHECK_FILE)).ok()?;
         serde_json::from_slice(&bytes).ok()
     }
 }
