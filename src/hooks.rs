@@ -66,6 +66,9 @@ points! {
         /// Detach released the device attach noted and has not yet asked
         /// whether anything else holds the file.
         DetachAfterNotedRelease => "detach:after-noted-release",
+        /// `check --repair` found duplicate devices and has not yet taken
+        /// the volume lock to remove them.
+        CheckBeforeDuplicateRepair => "check:before-duplicate-repair",
     }
 }
 

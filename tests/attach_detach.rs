@@ -6,7 +6,7 @@ use std::fs;
 use std::os::unix::fs::{symlink, PermissionsExt};
 use std::sync::Arc;
 
-use common::{loops_of, new_uuid, sysfs_flag, tool, Fixture};
+use common::{bound_by_hand, loops_of, new_uuid, sysfs_flag, tool, Fixture};
 
 /// A registered ext4 volume, attached: (uuid, backing file, device).
 fn attached_ext4(fx: &Fixture) -> (String, std::path::PathBuf, String) {
@@ -664,11 +664,24 @@ fn attach_finds_a_device_bound_by_hand_through_a_hard_link() {
         }
         args.push(alias.to_str().unwrap());
         let by_hand = tool("losetup", &args).trim().to_string();
+        if read_only {
+            // Found through the link, and refused: it cannot serve a
+            // read-write volume (issue 24 item 7).
+            let refused = fx.run(&["attach", &uuid]);
+            tool("losetup", &["-d", &by_hand]);
+            assert_eq!(refused.code, 1, "{}", refused.stdout);
+            assert!(
+                refused.stderr.contains(&by_hand) && refused.stderr.contains("read-only"),
+                "{}",
+                refused.stderr
+            );
+            continue;
+        }
         let attached = fx.run_ok(&["attach", &uuid, "--json"]).json();
         assert_eq!(
             attached["device"],
             by_hand.as_str(),
-            "attach must use the device bound through the hard link (read-only: {read_only})"
+            "attach must use the device bound through the hard link"
         );
         assert_eq!(loops_of(&file), vec![by_hand.clone()]);
         fx.run_ok(&["detach", &uuid]);
@@ -695,13 +708,6 @@ fn sorted(mut devices: Vec<String>) -> Vec<String> {
 
 /// A loop device bound to `file` by hand, as an operator would
 /// (`extra`: more losetup options, such as `-r`).
-fn bound_by_hand(file: &std::path::Path, extra: &[&str]) -> String {
-    let mut args = vec!["--find", "--show"];
-    args.extend_from_slice(extra);
-    args.push(file.to_str().unwrap());
-    tool("losetup", &args).trim().to_string()
-}
-
 #[test]
 fn detach_releases_a_second_device_bound_beside_the_noted_one() {
     needs_root!();
@@ -770,25 +776,6 @@ fn detach_releases_a_copy_in_another_storage_root_beside_the_noted_device() {
     assert!(loops_of(&copy).is_empty());
 }
 
-/// Waits until the process has stopped itself (`SPARSE_VOLUME_STOP_AT`).
-fn wait_until_stopped(child: &std::process::Child) {
-    let stat = format!("/proc/{}/stat", child.id());
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
-    loop {
-        let text = fs::read_to_string(&stat).unwrap_or_default();
-        // The state follows the command name in parentheses.
-        let state = text.rsplit_once(") ").map(|(_, rest)| rest.chars().next());
-        if state == Some(Some('T')) {
-            return;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the process never reached its stop point: {text}"
-        );
-        std::thread::sleep(std::time::Duration::from_millis(10));
-    }
-}
-
 /// The backing file renamed while detach releases the noted device: the
 /// second device on the same file must still be found (by the file detach
 /// looked at before the release, not by a path looked up again after it).
@@ -798,45 +785,76 @@ fn detach_releases_a_second_device_when_the_file_is_renamed_meanwhile() {
     let fx = Fixture::new();
     let (uuid, file, device) = attached_ext4(&fx);
     let second = bound_by_hand(&file, &["-r"]);
-    let child = fx
-        .command(&["detach", &uuid, "--json"])
-        .env(
-            sparse_volume::hooks::STOP_ENV,
-            sparse_volume::hooks::Stop::DetachAfterNotedRelease.name(),
-        )
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .expect("starting detach");
-    // A failed step below must not leave a stopped detach holding the
-    // volume lock and two devices.
-    struct KillOnPanic(u32);
-    impl Drop for KillOnPanic {
-        fn drop(&mut self) {
-            if std::thread::panicking() {
-                let pid = nix::unistd::Pid::from_raw(self.0 as i32);
-                let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL);
-            }
-        }
-    }
-    let _guard = KillOnPanic(child.id());
-    wait_until_stopped(&child);
+    let stopped = fx.run_until(
+        sparse_volume::hooks::Stop::DetachAfterNotedRelease,
+        &["detach", &uuid, "--json"],
+    );
     let moved = file.with_file_name("renamed-meanwhile");
     fs::rename(&file, &moved).unwrap();
-    let pid = nix::unistd::Pid::from_raw(child.id() as i32);
-    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGCONT).expect("SIGCONT");
-    let output = child.wait_with_output().expect("reaping detach");
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    assert!(
-        output.status.success(),
-        "{stdout} {}",
-        String::from_utf8_lossy(&output.stderr)
-    );
+    let detach = stopped.resume();
+    assert_eq!(detach.code, 0, "{} {}", detach.stdout, detach.stderr);
     let left = loops_of(&moved);
     for device in &left {
         tool("losetup", &["-d", device]);
     }
-    assert!(left.is_empty(), "{left:?} left bound; detach said {stdout}");
-    let detached: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    assert!(
+        left.is_empty(),
+        "{left:?} left bound; detach said {}",
+        detach.stdout
+    );
+    let detached = detach.json();
     assert_eq!(released(&detached), sorted(vec![device, second]));
+}
+
+/// Detaches a device bound by hand when the test ends, passed or not.
+struct BoundByHand(String);
+
+impl Drop for BoundByHand {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("losetup")
+            .args(["-d", &self.0])
+            .status();
+    }
+}
+
+/// Issue 24 item 7: a device bound to the volume's file by hand with an
+/// offset, a size limit or read-only (on a read-write volume) does not
+/// hold the volume; attach adopted it silently ("changed": false), and a
+/// later stop would have detached it.
+#[test]
+fn attach_refuses_a_device_that_does_not_hold_the_volume_as_registered() {
+    needs_root!();
+    for (how, losetup_args, says) in [
+        ("offset", &["-o", "1048576"][..], "offset 1048576"),
+        (
+            "size limit",
+            &["--sizelimit", "4194304"][..],
+            "size limit 4194304",
+        ),
+        ("read-only", &["-r"][..], "read-only"),
+    ] {
+        let fx = Fixture::new();
+        let uuid = new_uuid();
+        fx.run_ok(&["create", "--size", "16M", "--uuid", &uuid]);
+        let backing = fx.backing(&uuid);
+        let by_hand = BoundByHand(bound_by_hand(&backing, losetup_args));
+
+        for command in [&["attach", &uuid][..], &["attach", &uuid, "--dry-run"][..]] {
+            let refused = fx.run(command);
+            let stderr = refused.stderr.trim_end();
+            assert_eq!(refused.code, 1, "{how} {command:?}: {}", refused.stdout);
+            assert_eq!(stderr.lines().count(), 1, "{how}: {stderr}");
+            assert!(
+                stderr.contains(&by_hand.0)
+                    && stderr.contains(says)
+                    && stderr.contains("losetup -d"),
+                "{how}: {stderr}"
+            );
+        }
+        assert_eq!(loops_of(&backing), vec![by_hand.0.clone()], "{how}");
+        drop(by_hand);
+        fx.run_ok(&["attach", &uuid]);
+        assert_eq!(loops_of(&backing).len(), 1, "{how}");
+        fx.run_ok(&["detach", &uuid]);
+    }
 }

@@ -723,3 +723,67 @@ fn the_kind_scanner_reads_literals_not_fragments() {
         ["four-five", "one-two", "raw-x", "size-mismatch", "three"]
     );
 }
+
+/// Issue 24 item 1: the duplicate-devices repair chose the device to keep
+/// before taking the volume lock. A detach, another file bound to the kept
+/// device and an attach in that window made it detach the volume's only
+/// device and say "repaired".
+#[test]
+fn a_duplicate_repair_decides_again_under_the_volume_lock() {
+    needs_root!();
+    let fx = Fixture::new();
+    let uuid = new_uuid();
+    fx.run_ok(&["create", "--size", "16M", "--uuid", &uuid]);
+    let backing = fx.backing(&uuid);
+    let attached = fx.run_ok(&["attach", &uuid, "--json"]).json();
+    let first = attached["device"].as_str().unwrap().to_string();
+    let duplicate = common::bound_by_hand(&backing, &[]);
+
+    let stopped = fx.run_until(
+        sparse_volume::hooks::Stop::CheckBeforeDuplicateRepair,
+        &["check", "--repair", "--json"],
+    );
+    fx.run_ok(&["detach", &uuid]);
+    assert!(loops_of(&backing).is_empty());
+    // Somebody else's file takes the device check meant to keep.
+    let filler = fx.host("/var/tmp/filler");
+    fs::create_dir_all(filler.parent().unwrap()).unwrap();
+    fx.sparse_file(&filler);
+    tool("losetup", &[&first, filler.to_str().unwrap()]);
+    struct Release(String);
+    impl Drop for Release {
+        fn drop(&mut self) {
+            let _ = Command::new("losetup").args(["-d", &self.0]).status();
+        }
+    }
+    let _filler = Release(first.clone());
+    let reattached = fx.run_ok(&["attach", &uuid, "--json"]).json();
+    let now = reattached["device"].as_str().unwrap().to_string();
+    assert_ne!(now, first);
+
+    let check = stopped.resume();
+    let _detach = Release(now.clone());
+    assert_eq!(
+        loops_of(&backing),
+        vec![now.clone()],
+        "check said {}",
+        check.stdout
+    );
+    assert_eq!(loops_of(&filler), vec![first.clone()]);
+    let report = check.json();
+    let finding = report["findings"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|f| f["kind"] == "duplicate-loop-devices")
+        .unwrap_or_else(|| panic!("{report}"))
+        .clone();
+    assert!(
+        finding["message"]
+            .as_str()
+            .unwrap()
+            .contains("no longer so under the volume lock"),
+        "{finding}"
+    );
+    let _ = duplicate;
+}

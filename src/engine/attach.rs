@@ -80,11 +80,42 @@ pub fn attach_planned(registry: &Registry, id: &VolumeId) -> Result<Option<PathB
 fn bound_after_checks(registry: &Registry, id: &VolumeId) -> Result<Option<(u32, LoopStatus)>> {
     refuse_if_skipped(registry, id)?;
     let _lock = Registry::volume_lock(registry.root(), id)?;
-    let (_, backing, _) = verified_backing(registry, id)?;
+    let (volume, backing, _) = verified_backing(registry, id)?;
     let meta = backing.metadata().context("inspecting the backing file")?;
-    Ok(loop_device::devices_holding(&backing, &meta)?
+    let found = loop_device::devices_holding(&backing, &meta)?
         .into_iter()
-        .next())
+        .next();
+    if let Some((number, status)) = &found {
+        refuse_unfit_device(*number, status, &volume)?;
+    }
+    Ok(found)
+}
+
+/// A device bound to the file that does not show the volume as registered
+/// (by hand: `losetup -o`, `--sizelimit`, `-r` on a read-write volume) is
+/// never adopted: consumers would find no file system there, or one they
+/// cannot write, and a later stop would detach somebody else's device.
+fn refuse_unfit_device(number: u32, status: &LoopStatus, volume: &Volume) -> Result<()> {
+    let mut differs = Vec::new();
+    if status.offset != 0 {
+        differs.push(format!("offset {}", status.offset));
+    }
+    if status.size_limit != 0 {
+        differs.push(format!("size limit {}", status.size_limit));
+    }
+    if !volume.read_only && status.has(LO_FLAGS_READ_ONLY) {
+        differs.push("read-only (the volume is read-write)".to_string());
+    }
+    if differs.is_empty() {
+        return Ok(());
+    }
+    let device = LoopDevice::path_of(number);
+    bail!(
+        "{} is bound to the volume's file with {}, so it does not hold the volume as registered; if nothing uses it, `losetup -d {}` and attach again",
+        device.display(),
+        differs.join(", "),
+        device.display()
+    )
 }
 
 /// The volume's entry, its backing file opened and verified to hold the
@@ -138,6 +169,7 @@ pub fn attach(registry: &Registry, id: &VolumeId) -> Result<AttachReport> {
     // if attaching fails after all; a device found bound is left alone.
     let (number, status, changed, bound_here) = match existing.split_first() {
         Some(((number, status), duplicates)) => {
+            refuse_unfit_device(*number, status, &volume)?;
             for (other, _) in duplicates {
                 warnings.push(format!(
                     "{} is a second loop device for the same file; `sparse-volume check --repair` removes it",

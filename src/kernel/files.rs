@@ -153,7 +153,7 @@ mod tests {
     #[test]
     fn lock_excludes_a_second_holder_until_dropped() {
         let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("sub/lock");
+        let path = dir.path().join("lock");
         let held = ExclusiveLock::acquire(&path).unwrap();
         let probe = File::open(&path).unwrap();
         let busy = Flock::lock(probe, FlockArg::LockExclusiveNonblock);
@@ -163,5 +163,27 @@ mod tests {
         };
         drop(held);
         assert!(Flock::lock(probe, FlockArg::LockExclusiveNonblock).is_ok());
+    }
+
+    #[test]
+    fn a_lock_file_that_is_a_link_or_not_a_file_is_refused_untouched() {
+        let dir = tempfile::tempdir().unwrap();
+        let target = dir.path().join("target");
+        fs::write(&target, "data").unwrap();
+        let link = dir.path().join("link.lock");
+        std::os::unix::fs::symlink(&target, &link).unwrap();
+        let refused = ExclusiveLock::acquire(&link).unwrap_err();
+        assert!(
+            format!("{refused:#}").contains("symbolic link"),
+            "{refused:#}"
+        );
+        assert_eq!(fs::read(&target).unwrap(), b"data");
+        let fifo = dir.path().join("fifo.lock");
+        nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+        let refused = ExclusiveLock::acquire(&fifo).unwrap_err();
+        assert!(
+            format!("{refused:#}").contains("not a regular file"),
+            "{refused:#}"
+        );
     }
 }

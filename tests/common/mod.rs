@@ -455,3 +455,85 @@ pub fn ext4_bytes(path: &Path) -> u64 {
     };
     field("Block count:") * field("Block size:")
 }
+
+/// A command stopped at one of its stop points (`SPARSE_VOLUME_STOP_AT`),
+/// for a test to act in the window and then let it go on. Killed if the
+/// test fails first, so no stopped process keeps a lock.
+pub struct Stopped {
+    child: Option<std::process::Child>,
+}
+
+impl Fixture {
+    /// Starts `args` and returns once it has stopped itself at `point`.
+    pub fn run_until(&self, point: sparse_volume::hooks::Stop, args: &[&str]) -> Stopped {
+        let child = self
+            .command(args)
+            .env(sparse_volume::hooks::STOP_ENV, point.name())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("starting sparse-volume");
+        let stopped = Stopped { child: Some(child) };
+        stopped.wait_until_stopped();
+        stopped
+    }
+}
+
+impl Stopped {
+    fn pid(&self) -> nix::unistd::Pid {
+        let child = self.child.as_ref().expect("running");
+        nix::unistd::Pid::from_raw(child.id() as i32)
+    }
+
+    fn wait_until_stopped(&self) {
+        let stat = format!("/proc/{}/stat", self.pid());
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        loop {
+            let text = fs::read_to_string(&stat).unwrap_or_default();
+            // The state follows the command name in parentheses.
+            let state = text.rsplit_once(") ").map(|(_, rest)| rest.chars().next());
+            if state == Some(Some('T')) {
+                return;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the process never reached its stop point: {text}"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+    }
+
+    /// Lets it go on and waits for its end.
+    pub fn resume(mut self) -> Run {
+        nix::sys::signal::kill(self.pid(), nix::sys::signal::Signal::SIGCONT).expect("SIGCONT");
+        let output = self
+            .child
+            .take()
+            .expect("running")
+            .wait_with_output()
+            .expect("reaping sparse-volume");
+        Run {
+            code: output.status.code().unwrap_or(-1),
+            stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
+            stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
+        }
+    }
+}
+
+impl Drop for Stopped {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+/// Binds `file` to a free loop device with `losetup` (as an operator
+/// would by hand); returns the device.
+pub fn bound_by_hand(file: &Path, extra: &[&str]) -> String {
+    let mut args = vec!["--find", "--show"];
+    args.extend_from_slice(extra);
+    args.push(file.to_str().unwrap());
+    tool("losetup", &args).trim().to_string()
+}

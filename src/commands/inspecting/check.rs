@@ -14,6 +14,7 @@ use crate::commands::report::{Failure, Outcome, Report};
 use crate::engine::activate::bring_up_now;
 use crate::engine::capacity::{self, BackingFs};
 use crate::engine::detach::{detach_device, recovery_hint};
+use crate::hooks::{self, Stop};
 use crate::kernel::holders::users_of_loop;
 use crate::kernel::loop_device::{self, LoopDevice};
 use crate::registry::paths::SystemRoot;
@@ -525,34 +526,40 @@ fn audit_volume(audit: &mut Audit, volume: &Volume) -> Result<()> {
 
     // Without root, devices are matched by the path sysfs shows.
     let devices = loop_device::devices_of_file(&path)?;
-    if devices.len() > 1 {
-        // Keep the one in use (or the first); drop the others.
-        let keep = devices
-            .iter()
-            .copied()
-            .find(|&n| !users_of_loop(n).is_empty())
-            .unwrap_or(devices[0]);
-        let extra: Vec<u32> = devices.iter().copied().filter(|&n| n != keep).collect();
-        let names: Vec<String> = extra
-            .iter()
-            .map(|&n| LoopDevice::path_of(n).display().to_string())
-            .collect();
+    if let Some((keep, extra)) = duplicates(&devices) {
         let root = audit.root.clone();
-        audit.repairable(
+        audit.repairable_noting(
             "duplicate-loop-devices",
             Some(volume),
             Some(&path),
             format!(
                 "{}: {} also attach the file (kept /dev/loop{keep})",
                 volume.id,
-                names.join(", ")
+                device_names(&extra)
             ),
             || {
-                // Keeps a concurrent attach of this volume away.
+                hooks::stop_at(Stop::CheckBeforeDuplicateRepair);
+                // What was seen before the lock may have been detached,
+                // attached again or replaced meanwhile (attach and detach
+                // do not take the registry lock check holds): decided
+                // again under the lock that keeps them away.
                 let _lock = Registry::volume_lock(&root, &volume.id)?;
-                extra
+                let meta = fs::symlink_metadata(&path)?;
+                let now = loop_device::devices_of_file(&path)?;
+                let Some((keep_now, extra_now)) = duplicates(&now) else {
+                    return Ok("no longer so under the volume lock: nothing detached".into());
+                };
+                extra_now
                     .iter()
-                    .try_for_each(|&n| detach_device(n, (meta.dev(), meta.ino())))
+                    .try_for_each(|&n| detach_device(n, (meta.dev(), meta.ino())))?;
+                Ok(if keep_now == keep && extra_now == extra {
+                    String::new()
+                } else {
+                    format!(
+                        "under the volume lock: detached {}, kept /dev/loop{keep_now}",
+                        device_names(&extra_now)
+                    )
+                })
             },
         );
     } else if devices.is_empty() && volume.enabled {
@@ -579,6 +586,31 @@ fn audit_volume(audit: &mut Audit, volume: &Volume) -> Result<()> {
         );
     }
     Ok(())
+}
+
+/// Of several devices on one file, the one to keep (the one in use, or the
+/// first) and the others; None for one device or none.
+fn duplicates(devices: &[u32]) -> Option<(u32, Vec<u32>)> {
+    if devices.len() < 2 {
+        return None;
+    }
+    let keep = devices
+        .iter()
+        .copied()
+        .find(|&n| !users_of_loop(n).is_empty())
+        .unwrap_or(devices[0]);
+    Some((
+        keep,
+        devices.iter().copied().filter(|&n| n != keep).collect(),
+    ))
+}
+
+fn device_names(numbers: &[u32]) -> String {
+    numbers
+        .iter()
+        .map(|&n| LoopDevice::path_of(n).display().to_string())
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 /// Bound devices whose `lo_file_name` names this volume.

@@ -56,6 +56,10 @@ pub struct LoopStatus {
     pub backing_inode: u64,
     pub flags: u32,
     pub reference: String,
+    /// Where in the file the device starts, and how much of it it shows
+    /// (0: to the end); both 0 for every device sparse-volume binds.
+    pub offset: u64,
+    pub size_limit: u64,
 }
 
 impl From<LoopInfo64> for LoopStatus {
@@ -65,6 +69,8 @@ impl From<LoopInfo64> for LoopStatus {
             backing_inode: info.lo_inode,
             flags: info.lo_flags,
             reference: info.file_name(),
+            offset: info.lo_offset,
+            size_limit: info.lo_sizelimit,
         }
     }
 }
