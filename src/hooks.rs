@@ -69,6 +69,9 @@ points! {
         /// `check --repair` found duplicate devices and has not yet taken
         /// the volume lock to remove them.
         CheckBeforeDuplicateRepair => "check:before-duplicate-repair",
+        /// `disable --now` (or `apply --enabled false --now`) stopped the
+        /// volume and has not yet written the flag.
+        DisableAfterStop => "disable:after-stop",
     }
 }
 

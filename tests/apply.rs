@@ -731,3 +731,56 @@ fn a_stop_then_a_failed_flag_write_reports_the_stop() {
     assert_eq!(failed.json()["changed"], true, "{}", failed.stdout);
     assert_eq!(actions(&failed), vec!["stop"], "{}", failed.stdout);
 }
+
+/// Issue 24 item 4: `apply --enabled false --now` stopped the volume before
+/// taking the registry lock, and a `check --repair` in between attached it
+/// again (it attaches every enabled volume it finds detached): the end
+/// state was disabled and attached.
+#[test]
+fn a_repair_cannot_attach_again_what_disable_now_is_stopping() {
+    needs_root!();
+    let fx = Fixture::new();
+    let up = fx.run_ok(&[
+        "apply", "--name", "racy", "--size", "16M", "--now", "--json",
+    ]);
+    let uuid = up.json()["uuid"].as_str().expect("uuid").to_string();
+    assert_eq!(loops_of(&fx.backing(&uuid)).len(), 1);
+
+    let disabling = fx.run_until(
+        sparse_volume::hooks::Stop::DisableAfterStop,
+        &[
+            "apply",
+            "--name",
+            "racy",
+            "--enabled",
+            "false",
+            "--now",
+            "--json",
+        ],
+    );
+    let check = fx
+        .command(&["check", "--repair", "--json"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("starting check");
+    common::ends_or_waits_for_a_lock(check.id());
+    let apply = disabling.resume();
+    let check = check.wait_with_output().expect("reaping check");
+    assert_eq!(apply.code, 0, "{}", apply.stderr);
+    assert_eq!(actions(&apply), ["stop", "disable"]);
+    assert!(
+        check.status.success(),
+        "{}",
+        String::from_utf8_lossy(&check.stdout)
+    );
+    let left = loops_of(&fx.backing(&uuid));
+    for device in &left {
+        tool("losetup", &["-d", device]);
+    }
+    assert!(
+        left.is_empty(),
+        "disabled and attached again: check said {}",
+        String::from_utf8_lossy(&check.stdout)
+    );
+}

@@ -643,3 +643,41 @@ fn list_and_status_work_without_systemd() {
     assert_eq!(status.json()["active_state"], "unknown");
     assert!(began.elapsed() < Duration::from_secs(4));
 }
+
+/// Issue 24 item 4, through systemd: `disable --now` stopped the unit
+/// before taking the registry lock, and a `check --repair` in between
+/// started it again (the volume was still enabled): disabled and attached.
+#[test]
+fn a_repair_cannot_start_again_what_disable_now_is_stopping() {
+    needs_root!();
+    let world = World::new();
+    let uuid = world.volume(true);
+    world.run_ok(&["start", &uuid]);
+    assert_eq!(loops_of(&world.fx.backing(&uuid)).len(), 1);
+
+    let mut disable = world.fx.command(&["disable", &uuid, "--now", "--json"]);
+    disable.env("DBUS_SYSTEM_BUS_ADDRESS", &world.bus.address);
+    let disabling = common::Stopped::start(disable, sparse_volume::hooks::Stop::DisableAfterStop);
+    let check = world
+        .fx
+        .command(&["check", "--repair", "--json"])
+        .env("DBUS_SYSTEM_BUS_ADDRESS", &world.bus.address)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("starting check");
+    common::ends_or_waits_for_a_lock(check.id());
+    let disabled = disabling.resume();
+    let check = check.wait_with_output().expect("reaping check");
+    assert_eq!(disabled.code, 0, "{}", disabled.stderr);
+    assert!(!registry_says_enabled(&world.fx, &uuid));
+    let left = loops_of(&world.fx.backing(&uuid));
+    for device in &left {
+        tool("losetup", &["-d", device]);
+    }
+    assert!(
+        left.is_empty(),
+        "disabled and attached again: check said {}",
+        String::from_utf8_lossy(&check.stdout)
+    );
+}

@@ -466,20 +466,53 @@ pub struct Stopped {
 impl Fixture {
     /// Starts `args` and returns once it has stopped itself at `point`.
     pub fn run_until(&self, point: sparse_volume::hooks::Stop, args: &[&str]) -> Stopped {
-        let child = self
-            .command(args)
+        Stopped::start(self.command(args), point)
+    }
+}
+
+/// Waits until `pid` has ended or sleeps in `flock` (waiting for a lock
+/// somebody holds); true when it sleeps there.
+pub fn ends_or_waits_for_a_lock(pid: u32) -> bool {
+    // /proc/PID/syscall starts with the number of the call a sleeping
+    // process is in.
+    let flock = nix::libc::SYS_flock.to_string();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    loop {
+        match fs::read_to_string(format!("/proc/{pid}/syscall")) {
+            Err(_) => return false,
+            Ok(text) if text.split(' ').next() == Some(flock.as_str()) => return true,
+            Ok(_) => {}
+        }
+        let stat = fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+        if stat
+            .rsplit_once(") ")
+            .and_then(|(_, rest)| rest.chars().next())
+            == Some('Z')
+        {
+            return false;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "process {pid} neither ended nor waited for a lock"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+}
+
+impl Stopped {
+    /// Starts `command` and returns once it has stopped itself at `point`.
+    pub fn start(mut command: Command, point: sparse_volume::hooks::Stop) -> Self {
+        let child = command
             .env(sparse_volume::hooks::STOP_ENV, point.name())
             .stdout(std::process::Stdio::piped())
             .stderr(std::process::Stdio::piped())
             .spawn()
             .expect("starting sparse-volume");
-        let stopped = Stopped { child: Some(child) };
+        let stopped = Self { child: Some(child) };
         stopped.wait_until_stopped();
         stopped
     }
-}
 
-impl Stopped {
     fn pid(&self) -> nix::unistd::Pid {
         let child = self.child.as_ref().expect("running");
         nix::unistd::Pid::from_raw(child.id() as i32)
@@ -503,9 +536,22 @@ impl Stopped {
         }
     }
 
-    /// Lets it go on and waits for its end.
+    /// Lets it go on and waits for its end (a test fails, not hangs, when
+    /// the process stops again or never ends).
     pub fn resume(mut self) -> Run {
         nix::sys::signal::kill(self.pid(), nix::sys::signal::Signal::SIGCONT).expect("SIGCONT");
+        let stat = format!("/proc/{}/stat", self.pid());
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+        let child = self.child.as_mut().expect("running");
+        while child.try_wait().expect("waiting").is_none() {
+            let text = fs::read_to_string(&stat).unwrap_or_default();
+            let state = text
+                .rsplit_once(") ")
+                .and_then(|(_, rest)| rest.chars().next());
+            assert!(state != Some('T'), "stopped again after SIGCONT: {text}");
+            assert!(std::time::Instant::now() < deadline, "never ended: {text}");
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
         let output = self
             .child
             .take()

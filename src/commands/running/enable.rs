@@ -10,6 +10,7 @@ use crate::engine::activate::{
     attached_devices, refuse_if_in_use, start_attached, stop_detached, systemd_agrees, UnitOutcome,
 };
 use crate::engine::attach::attach_planned;
+use crate::hooks::{self, Stop};
 use crate::registry::Registry;
 use crate::systemd::{unit_name, Systemd};
 use crate::volume::id::VolumeId;
@@ -80,17 +81,22 @@ fn set_enabled(
     if dry_run {
         return planned(registry, &systemd, id, enabled, now);
     }
+    // Held from the stop to the write: `check --repair` attaches every
+    // enabled volume it finds detached, under this lock, so a stop outside
+    // it could be undone before the flag says disabled.
+    let lock = registry.lock()?;
     // disable --now stops first: a stop that fails (the volume is in use)
     // then leaves the flag as it was, not half a change.
     let stopped = if now && !enabled {
         let deactivation = stop_detached(registry, Some(&systemd), id)?;
+        hooks::stop_at(Stop::DisableAfterStop);
         Some((deactivation.unit, deactivation.changed))
     } else {
         None
     };
 
     let flag_changed = {
-        let _lock = registry.lock()?;
+        let _lock = lock;
         let mut volume = registry.require(id)?;
         let changed = volume.enabled != enabled;
         if changed {

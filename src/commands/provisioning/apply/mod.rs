@@ -22,6 +22,8 @@ use crate::engine::activate::{
 };
 use crate::engine::attach::{attach_planned, refuse_if_skipped};
 use crate::engine::inspect::UNKNOWN;
+use crate::hooks::{self, Stop};
+use crate::kernel::files::ExclusiveLock;
 use crate::registry::{Registry, Volume};
 use crate::systemd::{unit_name, Systemd};
 use crate::volume::id::VolumeId;
@@ -419,13 +421,24 @@ impl Converge<'_> {
                 .systemd
                 .is_some_and(|s| !systemd_agrees(s, &unit_name(&volume.id), enabled_after));
         // Stopped first, like `disable --now`: a stop refused (the volume
-        // is mounted) then leaves the flags as they were, not half a change.
-        if desired.now && !enabled_after {
+        // is mounted) then leaves the flags as they were, not half a change;
+        // and under the registry lock until the flags are written, which
+        // keeps `check --repair` from attaching it again meanwhile.
+        let held = if desired.now && !enabled_after {
+            let lock = self.registry.lock()?;
             self.stop_if_running(&volume, before, created)?;
-        }
+            if !self.dry_run {
+                hooks::stop_at(Stop::DisableAfterStop);
+            }
+            Some(lock)
+        } else {
+            None
+        };
         if !changes.is_empty() {
-            volume = self.set_flags(volume, created)?;
+            volume = self.set_flags(volume, created, held)?;
             self.actions.extend(changes);
+        } else {
+            drop(held);
         }
         if stale {
             self.actions.push("reload".into());
@@ -439,10 +452,16 @@ impl Converge<'_> {
         Ok(volume)
     }
 
-    /// Writes the flags under the registry lock, where a concurrent create
-    /// cannot take the name meanwhile. A dry run of a create has no entry
+    /// Writes the flags under the registry lock (`held`, when the caller
+    /// took it already), where a concurrent create cannot take the name
+    /// meanwhile. A dry run of a create has no entry
     /// to write yet: its flags change in memory only.
-    fn set_flags(&self, mut volume: Volume, created: bool) -> Result<Volume> {
+    fn set_flags(
+        &self,
+        mut volume: Volume,
+        created: bool,
+        held: Option<ExclusiveLock>,
+    ) -> Result<Volume> {
         let desired = self.desired;
         let apply_to = |volume: &mut Volume| {
             if let Some(name) = &desired.name {
@@ -460,7 +479,10 @@ impl Converge<'_> {
             return Ok(volume);
         }
         let registry = self.registry;
-        let _lock = registry.lock()?;
+        let _lock = match held {
+            Some(lock) => lock,
+            None => registry.lock()?,
+        };
         if let Some(name) = &desired.name {
             registry.ensure_name_free(name, &volume.id)?;
         }
