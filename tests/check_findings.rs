@@ -10,7 +10,7 @@ use std::os::unix::fs::{symlink, MetadataExt, PermissionsExt};
 use std::path::Path;
 use std::process::Command;
 
-use common::{loops_of, new_uuid, tool, Fixture, Run, SIZE};
+use common::{loops_of, new_uuid, sysfs_flag, tool, Fixture, Run, SIZE};
 use serde_json::Value;
 
 /// The name `create` marks an unregistered backing file with.
@@ -786,4 +786,56 @@ fn a_duplicate_repair_decides_again_under_the_volume_lock() {
         "{finding}"
     );
     let _ = duplicate;
+}
+
+/// Issue 24 item 8: the unowned-device repair ran `LOOP_CLR_FD` on a device
+/// another program held open (not exclusively, so no mount or holder shows
+/// it): the kernel then set autoclear and released the device when that
+/// program closed it, after check had said "repair failed". A repair that
+/// cannot finish leaves the device as it was.
+#[test]
+fn a_repair_that_cannot_detach_an_open_device_leaves_it_as_it_was() {
+    needs_root!();
+    let fx = Fixture::new();
+    let stray = fx.host("/var/lib/sparse-volume/stray");
+    fx.sparse_file(&stray);
+    let device = common::bound_by_hand(&stray, &[]);
+    struct Release(String);
+    impl Drop for Release {
+        fn drop(&mut self) {
+            let _ = Command::new("losetup").args(["-d", &self.0]).status();
+        }
+    }
+    let _release = Release(device.clone());
+    let holder = fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&device)
+        .unwrap();
+
+    let (run, report) = check(&fx, true);
+    let finding = report["findings"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|f| f["kind"] == "unowned-loop-device")
+        .unwrap_or_else(|| panic!("{}", run.stdout))
+        .clone();
+    assert_eq!(finding["repaired"], false, "{finding}");
+    assert!(
+        finding["message"].as_str().unwrap().contains("still open"),
+        "{finding}"
+    );
+    assert_eq!(
+        sysfs_flag(&device, "loop/autoclear"),
+        "0",
+        "a detach was left pending"
+    );
+    drop(holder);
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    assert_eq!(
+        loops_of(&stray),
+        vec![device.clone()],
+        "released at the holder's close"
+    );
 }

@@ -383,7 +383,11 @@ fn keep_bound(number: u32, status: &LoopStatus, backing: &File) -> Result<(LoopS
     if !status.has(LO_FLAGS_AUTOCLEAR) {
         return Ok((status.clone(), false));
     }
-    Ok((loop_device::cancel_pending_detach(number, backing)?, true))
+    let meta = backing.metadata().context("inspecting the backing file")?;
+    Ok((
+        loop_device::cancel_pending_detach(number, (meta.dev(), meta.ino()))?,
+        true,
+    ))
 }
 
 /// A device bound by an older version or by hand may have other sectors

@@ -9,7 +9,7 @@ use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, Result};
+use anyhow::{anyhow, bail, Result};
 use nix::errno::Errno;
 use serde::Serialize;
 
@@ -352,6 +352,30 @@ pub(crate) fn detach_device(number: u32, backing: (u64, u64)) -> Result<()> {
     drop(device);
     wait_until_released(number, &path, &bound)?;
     renew_if_discards_left_off(number, discard_limits)
+}
+
+/// [`detach_device`] for a repair, which must not leave half a change: a
+/// device another program still holds open (the kernel then only marks it
+/// to go at that program's last close) gets its pending detach cancelled
+/// again, unless it had one before.
+pub(crate) fn detach_device_or_leave_it(number: u32, backing: (u64, u64)) -> Result<()> {
+    let pending_before = LoopDevice::open(number, false)
+        .ok()
+        .and_then(|device| device.status().ok().flatten())
+        .is_some_and(|status| status.has(LO_FLAGS_AUTOCLEAR));
+    let Err(failure) = detach_device(number, backing) else {
+        return Ok(());
+    };
+    if pending_before {
+        return Err(failure);
+    }
+    match loop_device::cancel_pending_detach(number, backing) {
+        Ok(_) => Err(anyhow!("{failure:#}; left attached as it was")),
+        Err(e) => {
+            tracing::debug!("/dev/loop{number} left as the kernel has it: {e:#}");
+            Err(failure)
+        }
+    }
 }
 
 /// `loopN/loop/` (with `backing_file`) is there while a device is bound

@@ -13,7 +13,7 @@ use serde::Serialize;
 use crate::commands::report::{Failure, Outcome, Report};
 use crate::engine::activate::bring_up_now;
 use crate::engine::capacity::{self, BackingFs};
-use crate::engine::detach::{detach_device, recovery_hint};
+use crate::engine::detach::{detach_device_or_leave_it, recovery_hint};
 use crate::hooks::{self, Stop};
 use crate::kernel::holders::users_of_loop;
 use crate::kernel::loop_device::{self, LoopDevice};
@@ -551,7 +551,7 @@ fn audit_volume(audit: &mut Audit, volume: &Volume) -> Result<()> {
                 };
                 extra_now
                     .iter()
-                    .try_for_each(|&n| detach_device(n, (meta.dev(), meta.ino())))?;
+                    .try_for_each(|&n| detach_device_or_leave_it(n, (meta.dev(), meta.ino())))?;
                 Ok(if keep_now == keep && extra_now == extra {
                     String::new()
                 } else {
@@ -759,7 +759,7 @@ fn storage_root_leftovers(
                 let _lock = volume_id
                     .map(|id| Registry::volume_lock(&root, &id))
                     .transpose()?;
-                detach_device(number, status.backing())
+                detach_device_or_leave_it(number, status.backing())
             },
         );
     }

@@ -364,11 +364,10 @@ enum Autoclear {
     Set(LoopStatus),
 }
 
-/// Sets (`on`) or clears autoclear on a device bound to `backing`, and
-/// reads it back.
-fn switch_autoclear(device: &LockedLoopDevice, backing: &File, on: bool) -> Result<Autoclear> {
-    let meta = backing.metadata().context("inspecting the backing file")?;
-    let ours = |info: &LoopInfo64| LoopStatus::from(*info).is_backed_by(meta.dev(), meta.ino());
+/// Sets (`on`) or clears autoclear on a device bound to the file
+/// `backing` (device, inode), and reads it back.
+fn switch_autoclear(device: &LockedLoopDevice, backing: (u64, u64), on: bool) -> Result<Autoclear> {
+    let ours = |info: &LoopInfo64| LoopStatus::from(*info).is_backed_by(backing.0, backing.1);
     let as_asked = |info: &LoopInfo64| (info.lo_flags & LO_FLAGS_AUTOCLEAR != 0) == on;
     let Some(mut info) = device.raw_status().ok().filter(ours) else {
         return Ok(Autoclear::Released);
@@ -389,8 +388,8 @@ fn switch_autoclear(device: &LockedLoopDevice, backing: &File, on: bool) -> Resu
 /// `LOOP_CLR_FD` while another process held it open, the kernel leaves it
 /// bound with autoclear set and releases it at that process's last close.
 /// Clearing the flag (and reading it back) cancels that. Returns the
-/// device's status afterwards.
-pub fn cancel_pending_detach(number: u32, backing: &File) -> Result<LoopStatus> {
+/// device's status afterwards. `backing` is the file's (device, inode).
+pub fn cancel_pending_detach(number: u32, backing: (u64, u64)) -> Result<LoopStatus> {
     let device = LoopDevice::open(number, false)?.lock()?;
     let path = device.path();
     match switch_autoclear(&device, backing, false)? {
@@ -408,10 +407,11 @@ pub fn cancel_pending_detach(number: u32, backing: &File) -> Result<LoopStatus> 
 /// close, so a kill of this process cannot leave the file attached. The
 /// returned descriptor keeps the device bound until it is dropped.
 pub fn release_at_last_close(number: u32, backing: &File) -> Result<LoopDevice> {
+    let meta = backing.metadata().context("inspecting the backing file")?;
     let holder = LoopDevice::open(number, false)?;
     let device = LoopDevice::open(number, false)?.lock()?;
     let path = device.path();
-    match switch_autoclear(&device, backing, true)? {
+    match switch_autoclear(&device, (meta.dev(), meta.ino()), true)? {
         Autoclear::Set(_) => Ok(holder),
         Autoclear::Released => bail!("{} was released early", path.display()),
         Autoclear::Refused => bail!("{} did not take the autoclear flag", path.display()),
