@@ -443,6 +443,40 @@ fn a_failed_attach_keeps_a_device_it_did_not_bind() {
     assert!(loops_of(&file).is_empty());
 }
 
+/// Issue 24 item 13: attach cancels a pending detach to adopt the device;
+/// when the attach then failed, the detach stayed cancelled, so a device
+/// that was to go at its holder's close stayed bound for good.
+#[test]
+fn a_failed_attach_restores_the_pending_detach_it_cancelled() {
+    needs_root!();
+    let fx = Fixture::new();
+    let (uuid, file, device) = attached_ext4(&fx);
+    let holder = fs::File::open(&device).unwrap();
+    let pending = fx.run(&["detach", &uuid]);
+    assert!(pending.stderr.contains("still open"), "{}", pending.stderr);
+    assert_eq!(sysfs_flag(&device, "loop/autoclear"), "1");
+    pretend_udev_runs(&fx);
+
+    let run = fx.run(&["attach", &uuid]);
+    assert_eq!(run.code, 1, "attach should fail: {}", run.stderr);
+    assert_eq!(run.stderr.lines().count(), 1, "{}", run.stderr);
+    assert!(run.stderr.contains("pending detach"), "{}", run.stderr);
+    assert_eq!(
+        sysfs_flag(&device, "loop/autoclear"),
+        "1",
+        "the detach stays cancelled"
+    );
+    drop(holder);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while !loops_of(&file).is_empty() && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    assert!(
+        loops_of(&file).is_empty(),
+        "not released at the holder's close"
+    );
+}
+
 /// systemd stops a start that takes too long (TimeoutStartSec=) with
 /// SIGTERM: attach must release the device it bound, as after any other
 /// failure, since the unit has no ExecStopPost= to do it.

@@ -249,6 +249,21 @@ pub fn attach(registry: &Registry, id: &VolumeId) -> Result<AttachReport> {
         Err(failure) if bound_here => {
             return Err(release(number, (meta.dev(), meta.ino()), failure))
         }
+        Err(failure) if changed => {
+            // The device was found with a pending detach, which this call
+            // cancelled: it goes at its holder's close again, as before.
+            let restored = loop_device::restore_pending_detach(number, (meta.dev(), meta.ino()));
+            return Err(match restored {
+                Ok(()) => anyhow!(
+                    "{failure:#}; {} stays attached until the program holding it closes it (its pending detach is restored)",
+                    device.display()
+                ),
+                Err(e) => anyhow!(
+                    "{failure:#}; {} stays attached: its pending detach, cancelled by this call, could not be restored ({e:#})",
+                    device.display()
+                ),
+            });
+        }
         Err(failure) => {
             return Err(anyhow!(
                 "{failure:#}; {} was attached before this call and stays attached",

@@ -402,6 +402,20 @@ pub fn cancel_pending_detach(number: u32, backing: (u64, u64)) -> Result<LoopSta
     }
 }
 
+/// Undoes [`cancel_pending_detach`]: the device goes again at its last
+/// holder's close, as it would have without us. `backing` is the file's
+/// (device, inode).
+pub fn restore_pending_detach(number: u32, backing: (u64, u64)) -> Result<()> {
+    let device = LoopDevice::open(number, false)?.lock()?;
+    match switch_autoclear(&device, backing, true)? {
+        Autoclear::Set(_) | Autoclear::Released => Ok(()),
+        Autoclear::Refused => bail!(
+            "{} did not take the autoclear flag",
+            device.path().display()
+        ),
+    }
+}
+
 /// The opposite of `cancel_pending_detach`, for a device bound for one job
 /// only: with autoclear set, the kernel releases the device at its last
 /// close, so a kill of this process cannot leave the file attached. The

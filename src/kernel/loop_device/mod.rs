@@ -9,8 +9,8 @@ pub mod ioctl;
 mod unwatched;
 
 pub use allocate::{
-    bind_to_free_device, cancel_pending_detach, release_at_last_close, uses_direct_io, BindOptions,
-    Bound,
+    bind_to_free_device, cancel_pending_detach, release_at_last_close, restore_pending_detach,
+    uses_direct_io, BindOptions, Bound,
 };
 pub use device::{
     bound_devices, bound_statuses, devices_backed_by, devices_holding, devices_of_file,
