@@ -892,3 +892,26 @@ fn attach_refuses_a_device_that_does_not_hold_the_volume_as_registered() {
         fx.run_ok(&["detach", &uuid]);
     }
 }
+
+/// Issue 24 item 12: below a storage root a symbolic link is refused
+/// (tests/bad_input.rs); the storage root itself being a link is only
+/// warned about, so nodes set up that way keep booting.
+#[test]
+fn a_storage_root_that_is_a_link_attaches_with_a_warning() {
+    needs_root!();
+    let fx = Fixture::new();
+    let root = fx.host("/var/lib/sparse-volume");
+    let real = fx.host("/var/lib/elsewhere");
+    fs::rename(&root, &real).unwrap();
+    symlink(&real, &root).unwrap();
+    let uuid = new_uuid();
+    fx.run_ok(&["create", "--size", "16M", "--uuid", &uuid]);
+    let attached = fx.run_ok(&["attach", &uuid, "--json"]).json();
+    let warnings = attached["warnings"].to_string();
+    assert!(
+        warnings.contains("storage root") && warnings.contains("is a symbolic link"),
+        "{attached}"
+    );
+    assert_eq!(loops_of(&real.join(&uuid)).len(), 1);
+    fx.run_ok(&["detach", &uuid]);
+}

@@ -23,7 +23,7 @@ use crate::kernel::udev_link::{wait_for_link, LinkOutcome, CONTROL_SOCKET};
 use crate::registry::device_note;
 use crate::registry::{Registry, Volume};
 use crate::systemd::kernel_cmdline;
-use crate::volume::backing_file::open_backing_file;
+use crate::volume::backing_file::{open_backing_file, refuse_links_below_root};
 use crate::volume::id::VolumeId;
 use crate::volume::probe::{probe, require_identity};
 use crate::volume::spec::Mode;
@@ -80,7 +80,11 @@ pub fn attach_planned(registry: &Registry, id: &VolumeId) -> Result<Option<PathB
 fn bound_after_checks(registry: &Registry, id: &VolumeId) -> Result<Option<(u32, LoopStatus)>> {
     refuse_if_skipped(registry, id)?;
     let _lock = Registry::volume_lock(registry.root(), id)?;
-    let (volume, backing, _) = verified_backing(registry, id)?;
+    let VerifiedBacking {
+        volume,
+        file: backing,
+        ..
+    } = verified_backing(registry, id)?;
     let meta = backing.metadata().context("inspecting the backing file")?;
     let found = loop_device::devices_holding(&backing, &meta)?
         .into_iter()
@@ -121,13 +125,43 @@ fn refuse_unfit_device(number: u32, status: &LoopStatus, volume: &Volume) -> Res
 /// The volume's entry, its backing file opened and verified to hold the
 /// volume, and what the entry's file had that was ignored; read under the
 /// volume lock, which the caller holds.
-fn verified_backing(registry: &Registry, id: &VolumeId) -> Result<(Volume, File, Vec<String>)> {
+fn verified_backing(registry: &Registry, id: &VolumeId) -> Result<VerifiedBacking> {
     let (volume, ignored) = registry.require_with_warnings(id)?;
     let path = registry.root().host_path(&volume.path);
+    let linked_root = match storage_root_of(registry, &path) {
+        Some(root) => refuse_links_below_root(&root, &path)?,
+        None => None,
+    };
     let backing = open_backing_file(&path, volume.read_only)?;
     verify_content(&backing, &volume, &path)?;
-    let ignored = ignored.iter().map(ToString::to_string).collect();
-    Ok((volume, backing, ignored))
+    Ok(VerifiedBacking {
+        volume,
+        file: backing,
+        registry_warnings: ignored.iter().map(ToString::to_string).collect(),
+        warnings: linked_root.into_iter().collect(),
+    })
+}
+
+/// A volume's entry and its backing file, opened and verified.
+struct VerifiedBacking {
+    volume: Volume,
+    file: File,
+    /// What the entry's file had that was ignored.
+    registry_warnings: Vec<String>,
+    /// What the operator should know about the path.
+    warnings: Vec<String>,
+}
+
+/// The configured storage root (as a path on this host) that holds `path`,
+/// the deepest when roots nest.
+fn storage_root_of(registry: &Registry, path: &Path) -> Option<PathBuf> {
+    registry
+        .config()
+        .storage_roots
+        .iter()
+        .map(|root| registry.root().host_path(root))
+        .filter(|root| path.starts_with(root))
+        .max_by_key(|root| root.components().count())
 }
 
 /// Where the kernel shows block devices and their partitions.
@@ -152,11 +186,14 @@ pub fn attach(registry: &Registry, id: &VolumeId) -> Result<AttachReport> {
     // then finds the volume unregistered instead of binding a file that
     // is about to be deleted.
     let lock = Registry::volume_lock(registry.root(), id)?;
-    let (volume, backing, registry_warnings) = verified_backing(registry, id)?;
+    let VerifiedBacking {
+        volume,
+        file: backing,
+        registry_warnings,
+        mut warnings,
+    } = verified_backing(registry, id)?;
     let meta = backing.metadata().context("inspecting the backing file")?;
-    let mut warnings = size_warning(meta.len(), &volume)
-        .into_iter()
-        .collect::<Vec<_>>();
+    warnings.extend(size_warning(meta.len(), &volume));
 
     // systemd stops a start that takes too long with SIGTERM. From here
     // on (before anything is bound) it is caught: it ends the udev wait,

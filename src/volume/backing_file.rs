@@ -10,6 +10,37 @@ use anyhow::{bail, Context, Result};
 use nix::fcntl::{fallocate, FallocateFlags};
 use nix::fcntl::{fcntl, FcntlArg, OFlag};
 
+/// Refuses a backing path that passes through a symbolic link between its
+/// storage root `root` and the file (`open_backing_file` refuses a link at
+/// the file itself): every check of the path (below a storage root,
+/// `RequiresMountsFor=`) judges it as written, and a link would take the
+/// file from anywhere. The storage root itself may be a link, as nodes set
+/// up that way must keep booting: that comes back as a warning.
+pub fn refuse_links_below_root(root: &Path, path: &Path) -> Result<Option<String>> {
+    let Ok(below) = path.strip_prefix(root) else {
+        return Ok(None);
+    };
+    let mut directory = root.to_path_buf();
+    let components: Vec<_> = below.components().collect();
+    for component in components.iter().take(components.len().saturating_sub(1)) {
+        directory.push(component);
+        if std::fs::symlink_metadata(&directory).is_ok_and(|m| m.file_type().is_symlink()) {
+            bail!(
+                "backing file {} is reached through a symbolic link ({}); below a storage root only real directories are followed",
+                path.display(),
+                directory.display()
+            );
+        }
+    }
+    let root_is_link = std::fs::symlink_metadata(root).is_ok_and(|m| m.file_type().is_symlink());
+    Ok(root_is_link.then(|| {
+        format!(
+            "storage root {} is a symbolic link; the checks and RequiresMountsFor= see the link, not where it points",
+            root.display()
+        )
+    }))
+}
+
 /// Opens `path` for use as a loop backing file and checks the opened file
 /// (not the path, which could change under us) is a regular, root-owned
 /// file that neither group nor others can write.
