@@ -915,3 +915,59 @@ fn a_storage_root_that_is_a_link_attaches_with_a_warning() {
     assert_eq!(loops_of(&real.join(&uuid)).len(), 1);
     fx.run_ok(&["detach", &uuid]);
 }
+
+/// The `/dev/.sparse-volume-*` directories there are now.
+fn private_directories_in_dev() -> std::collections::BTreeSet<String> {
+    fs::read_dir("/dev")
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|name| name.starts_with(".sparse-volume-"))
+        .collect()
+}
+
+/// Issue 24 item 5: attach configured a writable device through a node it
+/// made under `/dev` and unlinked once open; a SIGKILL in between left a
+/// block device node there. It is now made in a tmpfs mounted nowhere, so
+/// a kill at any step leaves nothing in `/dev` (or anywhere).
+#[test]
+fn a_kill_while_binding_leaves_no_device_node_behind() {
+    needs_root!();
+    let fx = Fixture::new();
+    let uuid = new_uuid();
+    fx.make_ext4(&uuid);
+    fx.register(&uuid, "filesystem", "");
+    // The node's mknod, and (in the versions that made it in /dev) its
+    // unlink; each killed at its first call.
+    for call in ["mknod,mknodat", "unlink,unlinkat"] {
+        let before = private_directories_in_dev();
+        let trace = fx.command(&["attach", &uuid]);
+        let output = std::process::Command::new("strace")
+            .args(["-f", "-qq", "-o", "/dev/null", "-e"])
+            .arg(format!("trace={call}"))
+            .arg("-e")
+            .arg(format!("inject={call}:signal=KILL:when=1"))
+            .arg(trace.get_program())
+            .args(["attach", &uuid])
+            .envs(trace.get_envs().filter_map(|(k, v)| Some((k, v?))))
+            .output()
+            .expect("strace");
+        if call.starts_with("mknod") {
+            use std::os::unix::process::ExitStatusExt;
+            assert_eq!(
+                output.status.signal(),
+                Some(9),
+                "attach made no device node to be killed at: {}",
+                String::from_utf8_lossy(&output.stderr)
+            );
+        }
+        let after = private_directories_in_dev();
+        let new: Vec<_> = after.difference(&before).collect();
+        assert!(
+            new.is_empty(),
+            "a kill at {call} left {new:?} in /dev: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        let _ = fx.run(&["detach", &uuid]);
+    }
+}

@@ -839,3 +839,82 @@ fn a_repair_that_cannot_detach_an_open_device_leaves_it_as_it_was() {
         "released at the holder's close"
     );
 }
+
+/// Issue 24 item 5: versions up to 0.2 made a private device node under
+/// `/dev` for each writable bind; a kill between its `mknod` and `unlink`
+/// left it there (this machine's `/dev` had seven such directories from
+/// test runs, three with a `brw------- 7,0` node). Check reports those
+/// nobody can still own and `--repair` removes them, never anything else.
+#[test]
+fn leftover_private_device_nodes_are_reported_and_removed() {
+    needs_root!();
+    let fx = Fixture::new();
+    let dev = fx.host("/dev");
+    let plant = |name: &str, content: &str, minutes_ago: u32| {
+        let dir = dev.join(name);
+        fs::create_dir_all(&dir).unwrap();
+        fs::set_permissions(&dir, fs::Permissions::from_mode(0o700)).unwrap();
+        match content {
+            "node" => tool(
+                "mknod",
+                &[
+                    "-m",
+                    "0600",
+                    dir.join("device").to_str().unwrap(),
+                    "b",
+                    "7",
+                    "250",
+                ],
+            ),
+            "file" => {
+                fs::write(dir.join("notes"), "kept").unwrap();
+                String::new()
+            }
+            _ => String::new(),
+        };
+        let at = format!("{minutes_ago} minutes ago");
+        tool("touch", &["-d", &at, dir.to_str().unwrap()]);
+        dir
+    };
+    let with_node = plant(".sparse-volume-AAAAAA", "node", 5);
+    let empty = plant(".sparse-volume-BBBBBB", "", 5);
+    let foreign = plant(".sparse-volume-CCCCCC", "file", 5);
+    let young = plant(".sparse-volume-DDDDDD", "node", 0);
+
+    let (_, report) = check(&fx, false);
+    let found: Vec<String> = report["findings"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|f| f["kind"] == "leftover-device-node")
+        .map(|f| f["path"].as_str().unwrap().to_string())
+        .collect();
+    let mut expected: Vec<String> = [&with_node, &empty, &foreign]
+        .iter()
+        .map(|p| p.display().to_string())
+        .collect();
+    expected.sort();
+    let mut found_sorted = found.clone();
+    found_sorted.sort();
+    assert_eq!(found_sorted, expected, "{report}");
+
+    let (_, repaired) = check(&fx, true);
+    assert!(!with_node.exists() && !empty.exists(), "{repaired}");
+    assert!(foreign.join("notes").exists(), "removed somebody's file");
+    assert!(
+        young.join("device").exists(),
+        "removed a node that may be in use"
+    );
+    let refused = repaired["findings"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|f| f["path"] == foreign.display().to_string().as_str())
+        .unwrap()
+        .clone();
+    assert_eq!(refused["repaired"], false, "{refused}");
+    assert!(
+        refused["message"].as_str().unwrap().contains("left alone"),
+        "{refused}"
+    );
+}

@@ -29,6 +29,7 @@ use crate::volume::probe::{expected_content, identifies, probe};
 use crate::volume::size::format_size;
 
 mod last_check;
+mod leftover_nodes;
 mod preallocation;
 
 pub use last_check::LastCheck;
@@ -262,6 +263,7 @@ fn audit(registry: &Registry, repair: bool) -> Result<CheckReport> {
     }
     untrusted_directory(&mut audit, registry, &refused_in_directory);
     registry_temporaries(&mut audit);
+    leftover_nodes::audit_leftover_nodes(&mut audit);
 
     for volume in &volumes {
         audit_volume(&mut audit, volume)?;

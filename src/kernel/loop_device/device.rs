@@ -222,7 +222,8 @@ impl LockedLoopDevice {
         if writable {
             let writer = match unwatched::open_read_write(&device.lock) {
                 Ok(file) => file,
-                // No CAP_MKNOD (a container) or no writable /dev: the
+                // No private tmpfs or node (a container without
+                // CAP_SYS_ADMIN or CAP_MKNOD, a kernel before 5.2): the
                 // watched node still works, at the price of udev
                 // re-reading the partition table once after we close it.
                 Err(error) => {
