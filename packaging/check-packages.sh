@@ -154,7 +154,7 @@ check_lintian() {
 
 # The environment variables of src/hooks.rs: read only by builds with the
 # test-hooks feature.
-HOOK_VARIABLES=(SPARSE_VOLUME_CRASH_AT SPARSE_VOLUME_STOP_AT SPARSE_VOLUME_FAULT SPARSE_VOLUME_JOB_TIMEOUT_SEC)
+HOOK_VARIABLES=(SPARSE_VOLUME_CRASH_AT SPARSE_VOLUME_STOP_AT SPARSE_VOLUME_FAULT SPARSE_VOLUME_JOB_TIMEOUT_SEC SPARSE_VOLUME_LOCK_WAIT_SEC)
 
 # binary_mentions FILE WORD...: the WORDs that FILE's strings contain.
 # (Read into a variable first: `strings | grep -q` under pipefail fails

@@ -16,7 +16,9 @@
 //!   (the first `<times>` times, or always), so the fallbacks run here;
 //! * `SPARSE_VOLUME_JOB_TIMEOUT_SEC=<seconds>`: every wait for a systemd
 //!   job ends after that long, so a test of a job that never ends does
-//!   not take the default 90 s.
+//!   not take the default 90 s;
+//! * `SPARSE_VOLUME_LOCK_WAIT_SEC=<seconds>`: a bounded wait for a lock
+//!   (the units' program's) ends after that long instead of its 45 s.
 
 /// An enum of named points, its `ALL` list and `name()`, from one list, so
 /// that a point cannot be added without the suites that iterate `ALL`
@@ -128,8 +130,17 @@ pub fn job_wait() -> Option<std::time::Duration> {
     None
 }
 
+/// How long a bounded wait for a lock lasts, when a test says.
+#[inline(always)]
+pub fn lock_wait() -> Option<std::time::Duration> {
+    #[cfg(feature = "test-hooks")]
+    return active::lock_wait();
+    #[cfg(not(feature = "test-hooks"))]
+    None
+}
+
 #[cfg(feature = "test-hooks")]
-pub use active::{CRASH_ENV, FAULT_ENV, JOB_TIMEOUT_ENV, STOP_ENV};
+pub use active::{CRASH_ENV, FAULT_ENV, JOB_TIMEOUT_ENV, LOCK_WAIT_ENV, STOP_ENV};
 
 #[cfg(feature = "test-hooks")]
 mod active {
@@ -145,10 +156,19 @@ mod active {
     pub const STOP_ENV: &str = "SPARSE_VOLUME_STOP_AT";
     pub const FAULT_ENV: &str = "SPARSE_VOLUME_FAULT";
     pub const JOB_TIMEOUT_ENV: &str = "SPARSE_VOLUME_JOB_TIMEOUT_SEC";
+    pub const LOCK_WAIT_ENV: &str = "SPARSE_VOLUME_LOCK_WAIT_SEC";
+
+    fn seconds_of(variable: &str) -> Option<Duration> {
+        let seconds = std::env::var(variable).ok()?.trim().parse().ok()?;
+        Some(Duration::from_secs(seconds))
+    }
 
     pub fn job_wait() -> Option<Duration> {
-        let seconds = std::env::var(JOB_TIMEOUT_ENV).ok()?.trim().parse().ok()?;
-        Some(Duration::from_secs(seconds))
+        seconds_of(JOB_TIMEOUT_ENV)
+    }
+
+    pub fn lock_wait() -> Option<Duration> {
+        seconds_of(LOCK_WAIT_ENV)
     }
 
     fn asked(variable: &str, name: &str) -> bool {

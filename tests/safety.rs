@@ -560,3 +560,58 @@ fn resize_refuses_a_file_attached_through_two_devices() {
     assert_eq!(fs::read(fx.registry_file(&uuid)).unwrap(), registry_before);
     fx.run_ok(&["detach", &uuid]);
 }
+
+/// Issue 24 item 10: a command waiting for a lock said nothing; now it
+/// says once, on stderr, what it waits for and which process holds it,
+/// and by hand it waits as long as it takes.
+#[test]
+fn a_command_waiting_for_a_lock_says_once_who_holds_it() {
+    needs_root!();
+    let fx = Fixture::new();
+    let uuid = new_uuid();
+    fx.run_ok(&["create", "--size", "16M", "--uuid", &uuid]);
+    // flock(1) holds the lock itself while its command runs.
+    let lock = fx.host(&format!("/run/sparse-volume/{uuid}.lock"));
+    // -o: the command does not inherit the lock, so a kill of flock(1)
+    // releases it.
+    let mut holder = Command::new("flock")
+        .arg("-o")
+        .arg(&lock)
+        .args(["sleep", "60"])
+        .spawn()
+        .unwrap();
+    let holder_pid = holder.id();
+    while !fs::read_to_string("/proc/locks")
+        .unwrap()
+        .contains(&format!(" {holder_pid} "))
+    {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let attach = fx
+        .command(&["attach", &uuid])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    assert!(
+        common::ends_or_waits_for_a_lock(attach.id()),
+        "attach did not wait for the held lock"
+    );
+    holder.kill().unwrap();
+    holder.wait().unwrap();
+    let output = attach.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{stderr}");
+    let waiting: Vec<&str> = stderr
+        .lines()
+        .filter(|l| l.contains("waiting for"))
+        .collect();
+    assert_eq!(waiting.len(), 1, "{stderr}");
+    assert!(
+        waiting[0].contains(&format!(
+            "{uuid}.lock, held by process {holder_pid} (flock -o "
+        )),
+        "{stderr}"
+    );
+    fx.run_ok(&["detach", &uuid]);
+}

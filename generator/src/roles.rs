@@ -7,10 +7,12 @@
 //! read once (`config.toml` and the volume's own file).
 
 use std::io::Write;
+use std::time::Duration;
 
 use sparse_volume::commands::report::{Outcome, Report};
 use sparse_volume::commands::running::{attach, detach};
 use sparse_volume::registry::paths::SystemRoot;
+use sparse_volume::registry::run_dir;
 use sparse_volume::registry::Registry;
 use sparse_volume::volume::id::VolumeId;
 
@@ -44,8 +46,13 @@ pub fn detach(id: &VolumeId) -> Status {
     finish(detach::detach(&registry, id), &format!("detaching {id}"))
 }
 
+/// Within the unit's start and stop timeouts (90 s), leaving room for
+/// attach's own wait for udev's link (30 s by default).
+const LOCK_WAIT_LIMIT: Duration = Duration::from_secs(45);
+
 fn open_registry() -> Registry {
     stderr_log::init();
+    run_dir::bound_lock_waits(LOCK_WAIT_LIMIT);
     let registry = Registry::open(SystemRoot::from_env());
     if let Some(problem) = registry.config_problem() {
         stderr_log::line(

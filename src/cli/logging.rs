@@ -1,5 +1,7 @@
 //! Log to the journal when systemd started us, to stderr otherwise.
 
+use std::io::IsTerminal;
+
 use tracing_subscriber::{filter::LevelFilter, prelude::*, EnvFilter};
 
 /// systemd sets `JOURNAL_STREAM` for services whose output goes to the
@@ -32,6 +34,9 @@ pub fn init(verbosity: u8) {
         .with(
             tracing_subscriber::fmt::layer()
                 .with_writer(std::io::stderr)
+                // Colour codes only for a person at a terminal, never in
+                // what a script or config management captures.
+                .with_ansi(std::io::stderr().is_terminal())
                 .without_time()
                 .with_target(false),
         )

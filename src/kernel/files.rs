@@ -6,8 +6,10 @@ use std::io::Write;
 use std::os::fd::{FromRawFd, OwnedFd, RawFd};
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context, Result};
+use nix::errno::Errno;
 use nix::fcntl::{openat, Flock, FlockArg, OFlag};
 
 /// Replaces `path` with `contents` so that a reader (or a crash) sees either
@@ -74,6 +76,76 @@ fn parent_dir(path: &Path) -> Result<&Path> {
         .with_context(|| format!("{} has no parent directory", path.display()))
 }
 
+/// Opens (creating) a lock file: never through a link, and only a regular
+/// file of ours.
+fn open_lock_file(path: &Path) -> Result<File> {
+    OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .mode(0o600)
+        .custom_flags(libc::O_CLOEXEC | libc::O_NOFOLLOW | libc::O_NONBLOCK)
+        .open(path)
+        .map_err(|e| match e.raw_os_error() {
+            Some(libc::ELOOP) => anyhow!("refused: it is a symbolic link"),
+            _ => e.into(),
+        })
+        .and_then(|file| {
+            let meta = file.metadata()?;
+            if !meta.is_file() {
+                bail!("refused: not a regular file");
+            }
+            if meta.uid() != nix::unistd::geteuid().as_raw() {
+                bail!("refused: owned by uid {}, not by us", meta.uid());
+            }
+            Ok(file)
+        })
+        .with_context(|| format!("opening lock file {}", path.display()))
+}
+
+/// Who holds the `flock` on `file`, from `/proc/locks`: "process PID
+/// (its command line)", or "another process" when that cannot be read.
+fn holder_of(file: &File) -> String {
+    let Ok(meta) = file.metadata() else {
+        return "another process".into();
+    };
+    // /proc/locks names a file as MAJOR:MINOR:INODE, the numbers in hex,
+    // hex and decimal.
+    let wanted = format!(
+        "{:02x}:{:02x}:{}",
+        libc::major(meta.dev()),
+        libc::minor(meta.dev()),
+        meta.ino()
+    );
+    let locks = fs::read_to_string("/proc/locks").unwrap_or_default();
+    let pid = locks.lines().find_map(|line| {
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        // "1: FLOCK ADVISORY WRITE PID DEV:INO 0 EOF"; waiters have "->".
+        (fields.get(1) == Some(&"FLOCK") && fields.get(5) == Some(&wanted.as_str()))
+            .then(|| fields.get(4).map(|pid| pid.to_string()))
+            .flatten()
+    });
+    let Some(pid) = pid else {
+        return "another process".into();
+    };
+    let command = fs::read(format!("/proc/{pid}/cmdline"))
+        .map(|bytes| {
+            String::from_utf8_lossy(&bytes)
+                .split('\0')
+                .filter(|part| !part.is_empty())
+                .collect::<Vec<_>>()
+                .join(" ")
+        })
+        .unwrap_or_default();
+    let command: String = command.chars().take(120).collect();
+    if command.is_empty() {
+        format!("process {pid}")
+    } else {
+        format!("process {pid} ({command})")
+    }
+}
+
 /// An exclusive `flock` held for as long as the value lives.
 #[derive(Debug)]
 pub struct ExclusiveLock {
@@ -87,36 +159,62 @@ impl ExclusiveLock {
     /// a link or a file somebody else made in its place is refused, never
     /// followed or truncated.
     pub fn acquire(path: &Path) -> Result<Self> {
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .mode(0o600)
-            .custom_flags(libc::O_CLOEXEC | libc::O_NOFOLLOW | libc::O_NONBLOCK)
-            .open(path)
-            .map_err(|e| match e.raw_os_error() {
-                Some(libc::ELOOP) => anyhow!("refused: it is a symbolic link"),
-                _ => e.into(),
-            })
-            .and_then(|file| {
-                let meta = file.metadata()?;
-                if !meta.is_file() {
-                    bail!("refused: not a regular file");
+        Self::acquire_within(path, None, |_| {})
+    }
+
+    /// [`ExclusiveLock::acquire`] that, when the lock is taken, first tells
+    /// `waiting` once who holds it, and with a `limit` gives up after that
+    /// long with an error that names the holder.
+    pub fn acquire_within(
+        path: &Path,
+        limit: Option<Duration>,
+        waiting: impl FnOnce(&str),
+    ) -> Result<Self> {
+        let file = open_lock_file(path)?;
+        let file = match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
+            Ok(lock) => return Ok(Self::held(lock, path)),
+            Err((file, Errno::EWOULDBLOCK)) => file,
+            Err((_, errno)) => {
+                return Err(errno).with_context(|| format!("locking {}", path.display()))
+            }
+        };
+        let holder = holder_of(&file);
+        waiting(&holder);
+        let Some(limit) = limit else {
+            let lock = Flock::lock(file, FlockArg::LockExclusive)
+                .map_err(|(_, errno)| errno)
+                .with_context(|| format!("locking {}", path.display()))?;
+            return Ok(Self::held(lock, path));
+        };
+        // Polled, since a blocking flock cannot be given a deadline.
+        let deadline = Instant::now() + limit;
+        let mut file = file;
+        let mut pause = Duration::from_millis(1);
+        loop {
+            match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
+                Ok(lock) => return Ok(Self::held(lock, path)),
+                Err((returned, Errno::EWOULDBLOCK)) if Instant::now() < deadline => {
+                    file = returned;
+                    std::thread::sleep(pause);
+                    pause = (pause * 2).min(Duration::from_millis(50));
                 }
-                if meta.uid() != nix::unistd::geteuid().as_raw() {
-                    bail!("refused: owned by uid {}, not by us", meta.uid());
+                Err((_, Errno::EWOULDBLOCK)) => bail!(
+                    "gave up waiting for {} after {} s: still held by {holder}",
+                    path.display(),
+                    limit.as_secs()
+                ),
+                Err((_, errno)) => {
+                    return Err(errno).with_context(|| format!("locking {}", path.display()))
                 }
-                Ok(file)
-            })
-            .with_context(|| format!("opening lock file {}", path.display()))?;
-        let lock = Flock::lock(file, FlockArg::LockExclusive)
-            .map_err(|(_, errno)| errno)
-            .with_context(|| format!("locking {}", path.display()))?;
-        Ok(Self {
+            }
+        }
+    }
+
+    fn held(lock: Flock<File>, path: &Path) -> Self {
+        Self {
             lock,
             path: path.to_path_buf(),
-        })
+        }
     }
 
     pub fn path(&self) -> &Path {

@@ -9,12 +9,27 @@ use std::fs;
 use std::io::ErrorKind;
 use std::os::unix::fs::DirBuilderExt;
 use std::path::PathBuf;
+use std::sync::OnceLock;
+use std::time::Duration;
 
 use anyhow::{Context, Result};
 
 use super::paths::SystemRoot;
 use super::trust;
+use crate::hooks;
 use crate::kernel::files::ExclusiveLock;
+
+/// How long this process waits for a lock, once bounded.
+static WAIT_LIMIT: OnceLock<Duration> = OnceLock::new();
+
+/// Bounds every later wait for a lock in this process. The units' program
+/// does: systemd kills a start or stop that outlasts its timeout without a
+/// word in the journal, where a bounded wait fails naming the holder.
+/// Commands run by hand wait as long as it takes (an offline `e2fsck`
+/// under `resize` may take hours), saying once what they wait for.
+pub fn bound_lock_waits(limit: Duration) {
+    let _ = WAIT_LIMIT.set(hooks::lock_wait().unwrap_or(limit));
+}
 
 /// The runtime directory, made if missing (also by the package's
 /// tmpfiles.d entry) and refused when anyone but root can change it.
@@ -39,7 +54,11 @@ pub fn ensure(root: &SystemRoot) -> Result<PathBuf> {
     }
 }
 
-/// The exclusive lock `name` in the runtime directory.
+/// The exclusive lock `name` in the runtime directory. A wait for it is
+/// announced once, on stderr, with the process that holds it.
 pub fn lock(root: &SystemRoot, name: &str) -> Result<ExclusiveLock> {
-    ExclusiveLock::acquire(&ensure(root)?.join(name))
+    let path = ensure(root)?.join(name);
+    ExclusiveLock::acquire_within(&path, WAIT_LIMIT.get().copied(), |holder| {
+        tracing::warn!("waiting for {}, held by {holder}", path.display());
+    })
 }
