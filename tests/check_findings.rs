@@ -918,3 +918,70 @@ fn leftover_private_device_nodes_are_reported_and_removed() {
         "{refused}"
     );
 }
+
+/// The partition name sgdisk reads from partition 1 of `file`.
+fn partition_name(file: &Path) -> String {
+    let info = tool("sgdisk", &["-i", "1", file.to_str().unwrap()]);
+    info.lines()
+        .find_map(|line| line.strip_prefix("Partition name: '"))
+        .and_then(|rest| rest.strip_suffix('\''))
+        .unwrap_or_else(|| panic!("no partition name in: {info}"))
+        .to_string()
+}
+
+/// Issue 24 item 9: every block volume's partition was named
+/// `sparse-volume`, so N volumes contended for one
+/// /dev/disk/by-partlabel/sparse-volume (udev slows down badly on many
+/// partitions of one name, systemd issue 20212). A new volume's partition
+/// is named with its UUID; an existing one keeps its name and check says
+/// how to rename it.
+#[test]
+fn block_volumes_get_partition_names_of_their_own() {
+    needs_root!();
+    let fx = Fixture::new();
+    let (first, second) = (new_uuid(), new_uuid());
+    for uuid in [&first, &second] {
+        fx.run_ok(&["create", "--size", "16M", "--mode", "block", "--uuid", uuid]);
+        assert_eq!(partition_name(&fx.backing(uuid)), *uuid);
+    }
+    let (_, clean) = check(&fx, false);
+    assert!(
+        !clean["findings"]
+            .to_string()
+            .contains("shared-partition-name"),
+        "{clean}"
+    );
+
+    // A volume made by an older version, as it named its partition.
+    let old = new_uuid();
+    let file = fx.make_gpt(&old);
+    tool("sgdisk", &["-c", "1:sparse-volume", file.to_str().unwrap()]);
+    fx.register(&old, "block", "");
+    let (_, report) = check(&fx, false);
+    let finding = report["findings"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|f| f["kind"] == "shared-partition-name")
+        .unwrap_or_else(|| panic!("{report}"))
+        .clone();
+    assert_eq!(finding["severity"], "warning", "{finding}");
+    assert_eq!(finding["uuid"], old.as_str(), "{finding}");
+    let message = finding["message"].as_str().unwrap();
+    assert!(
+        message.contains(&format!("sgdisk -c 1:{old} ")),
+        "{message}"
+    );
+    // The fix it gives works, and the warning goes.
+    tool(
+        "sgdisk",
+        &["-c", &format!("1:{old}"), file.to_str().unwrap()],
+    );
+    let (_, fixed) = check(&fx, false);
+    assert!(
+        !fixed["findings"]
+            .to_string()
+            .contains("shared-partition-name"),
+        "{fixed}"
+    );
+}

@@ -17,7 +17,12 @@ use crate::volume::spec::SECTOR_SIZES;
 
 /// 1 MiB, where every partitioning tool starts the first partition.
 const ALIGNMENT_BYTES: u64 = 1 << 20;
-const PARTITION_NAME: &str = "sparse-volume";
+/// What every block volume's partition was named before 0.3: N volumes
+/// then contend for one /dev/disk/by-partlabel link (and udev slows down
+/// badly on many partitions of one name, systemd issue 20212). New
+/// partitions are named with the volume's UUID (36 characters, the most a
+/// GPT name holds): unique, and unchanged by a rename of the volume.
+pub const SHARED_PARTITION_NAME: &str = "sparse-volume";
 
 /// The partition as the table describes it, in sectors of `sector_size`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -92,7 +97,7 @@ pub fn write_new(file: &File, volume: Uuid, sector_size: u32) -> Result<Partitio
         first_lba: first,
         last_lba: last,
         flags: 0,
-        name: PARTITION_NAME.to_string(),
+        name: volume.hyphenated().to_string(),
     };
     disk.update_partitions(BTreeMap::from([(1, partition)]))
         .map_err(gpt_error("laying out the partition"))?;
@@ -153,6 +158,12 @@ pub fn grow_to_end(file: &File, volume: Uuid, sector_size: u32) -> Result<Partit
         last_sector: last,
         sector_size,
     })
+}
+
+/// The name of partition 1 of the GPT in `file`, if it reads.
+pub fn partition_name(file: &File, sector_size: u32) -> Option<String> {
+    let disk = read(file, sector_size)?;
+    disk.partitions().get(&1).map(|p| p.name.clone())
 }
 
 /// The GPT in `file` (a backing file or a loop device) read with

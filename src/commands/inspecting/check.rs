@@ -24,9 +24,11 @@ use crate::volume::backing_file::open_backing_file;
 use crate::volume::creating_mark::{
     clear_creating_mark, has_creating_mark, is_creating_name, marked_for, CREATING_SUFFIX,
 };
+use crate::volume::gpt_layout;
 use crate::volume::id::VolumeId;
 use crate::volume::probe::{expected_content, identifies, probe};
 use crate::volume::size::format_size;
+use crate::volume::spec::Mode;
 
 mod last_check;
 mod leftover_nodes;
@@ -522,6 +524,9 @@ fn audit_volume(audit: &mut Audit, volume: &Volume) -> Result<()> {
         return Ok(());
     }
 
+    if let (Mode::Block, Some(file)) = (&volume.mode, &file) {
+        shared_partition_name(audit, volume, file, &path);
+    }
     if let (true, Some(file)) = (volume.preallocated, &file) {
         preallocation::audit_preallocation(audit, volume, file, &path)?;
     }
@@ -588,6 +593,30 @@ fn audit_volume(audit: &mut Audit, volume: &Volume) -> Result<()> {
         );
     }
     Ok(())
+}
+
+/// A block volume made before 0.3, whose partition has the name every
+/// block volume had: a warning with the rename (while detached, since the
+/// kernel reads partition names only when it scans the table).
+fn shared_partition_name(audit: &mut Audit, volume: &Volume, file: &fs::File, path: &Path) {
+    if gpt_layout::partition_name(file, volume.sector_size).as_deref()
+        != Some(gpt_layout::SHARED_PARTITION_NAME)
+    {
+        return;
+    }
+    audit.add(
+        Finding::new(
+            "shared-partition-name",
+            "warning",
+            format!(
+                "{id}: its partition is named \"{shared}\" like every block volume made before 0.3, so they all contend for /dev/disk/by-partlabel/{shared}; rename it while detached: sparse-volume stop {id}; sgdisk -c 1:{id} {file}; sparse-volume start {id}",
+                id = volume.id,
+                shared = gpt_layout::SHARED_PARTITION_NAME,
+                file = path.display()
+            ),
+        )
+        .about(Some(volume), Some(path)),
+    );
 }
 
 /// Of several devices on one file, the one to keep (the one in use, or the
