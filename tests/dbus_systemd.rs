@@ -666,7 +666,10 @@ fn a_repair_cannot_start_again_what_disable_now_is_stopping() {
         .stderr(std::process::Stdio::piped())
         .spawn()
         .expect("starting check");
-    common::ends_or_waits_for_a_lock(check.id());
+    assert!(
+        common::ends_or_waits_for_a_lock(check.id()),
+        "check --repair did not wait for the registry lock"
+    );
     let disabled = disabling.resume();
     let check = check.wait_with_output().expect("reaping check");
     assert_eq!(disabled.code, 0, "{}", disabled.stderr);

@@ -14,10 +14,10 @@ use common::{loops_of, new_uuid, Fixture, Run};
 
 const VICTIM_TEXT: &str = "root's data, not a lock\n";
 
-fn run_under_umask_000(fx: &Fixture, args: &[&str]) -> Run {
+fn run_under_umask(umask: &str, fx: &Fixture, args: &[&str]) -> Run {
     let cli = fx.command(args);
     let output = Command::new("sh")
-        .args(["-c", "umask 000; exec \"$0\" \"$@\""])
+        .args(["-c", &format!("umask {umask}; exec \"$0\" \"$@\"")])
         .arg(cli.get_program())
         .args(args)
         .envs(cli.get_envs().filter_map(|(k, v)| Some((k, v?))))
@@ -45,13 +45,15 @@ fn victim(fx: &Fixture) -> std::path::PathBuf {
 #[test]
 fn the_runtime_directory_is_made_0755_whatever_the_umask() {
     needs_root!();
-    let fx = Fixture::new();
-    let uuid = new_uuid();
-    let created = run_under_umask_000(&fx, &["create", "--size", "16M", "--uuid", &uuid]);
-    assert_eq!(created.code, 0, "{}", created.stderr);
-    let run_dir = fx.host("/run/sparse-volume");
-    assert_eq!(mode_of(&run_dir), 0o755);
-    assert_eq!(fs::metadata(&run_dir).unwrap().uid(), 0);
+    for umask in ["000", "077", "027"] {
+        let fx = Fixture::new();
+        let uuid = new_uuid();
+        let created = run_under_umask(umask, &fx, &["create", "--size", "16M", "--uuid", &uuid]);
+        assert_eq!(created.code, 0, "{umask}: {}", created.stderr);
+        let run_dir = fx.host("/run/sparse-volume");
+        assert_eq!(mode_of(&run_dir), 0o755, "umask {umask}");
+        assert_eq!(fs::metadata(&run_dir).unwrap().uid(), 0);
+    }
 }
 
 #[test]

@@ -609,7 +609,7 @@ fn a_command_waiting_for_a_lock_says_once_who_holds_it() {
     assert_eq!(waiting.len(), 1, "{stderr}");
     assert!(
         waiting[0].contains(&format!(
-            "{uuid}.lock, held by process {holder_pid} (flock -o "
+            "{uuid}.lock, held by process {holder_pid} (flock)"
         )),
         "{stderr}"
     );

@@ -299,7 +299,7 @@ fn a_wait_for_a_held_volume_lock_is_bounded_and_names_the_holder() {
     assert_eq!(output.status.code(), Some(1), "{stderr}");
     let lines: Vec<&str> = stderr.lines().collect();
     assert_eq!(lines.len(), 2, "{stderr}");
-    let named = format!("held by process {} (flock -o ", holder.id());
+    let named = format!("held by process {} (flock)", holder.id());
     assert!(
         lines[0].contains("waiting for") && lines[0].contains(&named),
         "{stderr}"

@@ -95,11 +95,13 @@ fn bound_after_checks(registry: &Registry, id: &VolumeId) -> Result<Option<(u32,
     Ok(found)
 }
 
-/// A device bound to the file that does not show the volume as registered
-/// (by hand: `losetup -o`, `--sizelimit`, `-r` on a read-write volume) is
-/// never adopted: consumers would find no file system there, or one they
-/// cannot write, and a later stop would detach somebody else's device.
-fn refuse_unfit_device(number: u32, status: &LoopStatus, volume: &Volume) -> Result<()> {
+/// How a device bound to the volume's file fails to show the volume as
+/// registered (made by hand: `losetup -o`, `--sizelimit`, `-r` on a
+/// read-write volume); empty when it shows it. A device that attach bound
+/// read-only before the volume was made read-write (it carries the
+/// volume's reference) is the volume's own: that difference is a warning
+/// until the next attach, not a reason.
+pub fn unfit_reasons(status: &LoopStatus, volume: &Volume) -> Vec<String> {
     let mut differs = Vec::new();
     if status.offset != 0 {
         differs.push(format!("offset {}", status.offset));
@@ -107,14 +109,30 @@ fn refuse_unfit_device(number: u32, status: &LoopStatus, volume: &Volume) -> Res
     if status.size_limit != 0 {
         differs.push(format!("size limit {}", status.size_limit));
     }
-    if !volume.read_only && status.has(LO_FLAGS_READ_ONLY) {
+    if !volume.read_only
+        && status.has(LO_FLAGS_READ_ONLY)
+        && status.reference != volume.id.loop_reference()
+    {
         differs.push("read-only (the volume is read-write)".to_string());
     }
+    differs
+}
+
+/// A device that does not show the volume as registered is never adopted:
+/// consumers would find no file system there, or one they cannot write,
+/// and a later stop would detach somebody else's device.
+fn refuse_unfit_device(number: u32, status: &LoopStatus, volume: &Volume) -> Result<()> {
+    let differs = unfit_reasons(status, volume);
     if differs.is_empty() {
         return Ok(());
     }
+    bail!("{}", unfit_message(number, &differs))
+}
+
+/// "/dev/loopN is bound to the volume's file with …", with the way out.
+pub fn unfit_message(number: u32, differs: &[String]) -> String {
     let device = LoopDevice::path_of(number);
-    bail!(
+    format!(
         "{} is bound to the volume's file with {}, so it does not hold the volume as registered; if nothing uses it, `losetup -d {}` and attach again",
         device.display(),
         differs.join(", "),
@@ -128,7 +146,7 @@ fn refuse_unfit_device(number: u32, status: &LoopStatus, volume: &Volume) -> Res
 fn verified_backing(registry: &Registry, id: &VolumeId) -> Result<VerifiedBacking> {
     let (volume, ignored) = registry.require_with_warnings(id)?;
     let path = registry.root().host_path(&volume.path);
-    let linked_root = match storage_root_of(registry, &path) {
+    let linked_root = match registry.storage_root_holding(&path) {
         Some(root) => refuse_links_below_root(&root, &path)?,
         None => None,
     };
@@ -150,18 +168,6 @@ struct VerifiedBacking {
     registry_warnings: Vec<String>,
     /// What the operator should know about the path.
     warnings: Vec<String>,
-}
-
-/// The configured storage root (as a path on this host) that holds `path`,
-/// the deepest when roots nest.
-fn storage_root_of(registry: &Registry, path: &Path) -> Option<PathBuf> {
-    registry
-        .config()
-        .storage_roots
-        .iter()
-        .map(|root| registry.root().host_path(root))
-        .filter(|root| path.starts_with(root))
-        .max_by_key(|root| root.components().count())
 }
 
 /// Where the kernel shows block devices and their partitions.
@@ -489,6 +495,11 @@ fn flag_mismatches(status: &LoopStatus, volume: &Volume) -> Vec<String> {
     if volume.read_only && !status.has(LO_FLAGS_READ_ONLY) {
         warnings
             .push("the existing loop device is writable although the volume is read-only".into());
+    }
+    if !volume.read_only && status.has(LO_FLAGS_READ_ONLY) {
+        warnings.push(
+            "the existing loop device is read-only although the volume is now read-write; stop and start the volume to change that".into(),
+        );
     }
     if volume.mode.is_block() && !status.has(LO_FLAGS_PARTSCAN) {
         warnings.push(

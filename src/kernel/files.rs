@@ -88,16 +88,26 @@ fn open_lock_file(path: &Path) -> Result<File> {
         .custom_flags(libc::O_CLOEXEC | libc::O_NOFOLLOW | libc::O_NONBLOCK)
         .open(path)
         .map_err(|e| match e.raw_os_error() {
-            Some(libc::ELOOP) => anyhow!("refused: it is a symbolic link"),
+            Some(libc::ELOOP) => anyhow!(
+                "refused: it is a symbolic link; if no sparse-volume command runs, remove it: rm {}",
+                path.display()
+            ),
             _ => e.into(),
         })
         .and_then(|file| {
             let meta = file.metadata()?;
             if !meta.is_file() {
-                bail!("refused: not a regular file");
+                bail!(
+                    "refused: not a regular file; if no sparse-volume command runs, remove it: rm {}",
+                    path.display()
+                );
             }
             if meta.uid() != nix::unistd::geteuid().as_raw() {
-                bail!("refused: owned by uid {}, not by us", meta.uid());
+                bail!(
+                    "refused: owned by uid {}, not by us; if no sparse-volume command runs, remove it: rm {}",
+                    meta.uid(),
+                    path.display()
+                );
             }
             Ok(file)
         })
@@ -105,7 +115,7 @@ fn open_lock_file(path: &Path) -> Result<File> {
 }
 
 /// Who holds the `flock` on `file`, from `/proc/locks`: "process PID
-/// (its command line)", or "another process" when that cannot be read.
+/// (its command name)", or "another process" when that cannot be read.
 fn holder_of(file: &File) -> String {
     let Ok(meta) = file.metadata() else {
         return "another process".into();
@@ -129,20 +139,12 @@ fn holder_of(file: &File) -> String {
     let Some(pid) = pid else {
         return "another process".into();
     };
-    let command = fs::read(format!("/proc/{pid}/cmdline"))
-        .map(|bytes| {
-            String::from_utf8_lossy(&bytes)
-                .split('\0')
-                .filter(|part| !part.is_empty())
-                .collect::<Vec<_>>()
-                .join(" ")
-        })
-        .unwrap_or_default();
-    let command: String = command.chars().take(120).collect();
-    if command.is_empty() {
-        format!("process {pid}")
-    } else {
-        format!("process {pid} ({command})")
+    // The command name, not the whole command line: reading a process's
+    // cmdline takes its memory map's lock, which a busy or stuck process
+    // may hold for long; comm is kept apart from it.
+    match fs::read_to_string(format!("/proc/{pid}/comm")) {
+        Ok(name) if !name.trim().is_empty() => format!("process {pid} ({})", name.trim()),
+        _ => format!("process {pid}"),
     }
 }
 
@@ -178,16 +180,18 @@ impl ExclusiveLock {
                 return Err(errno).with_context(|| format!("locking {}", path.display()))
             }
         };
+        // Counted from the first refusal, so the time the holder's name
+        // takes to read is part of the bound.
+        let deadline = limit.map(|limit| Instant::now() + limit);
         let holder = holder_of(&file);
         waiting(&holder);
-        let Some(limit) = limit else {
+        let (Some(limit), Some(deadline)) = (limit, deadline) else {
             let lock = Flock::lock(file, FlockArg::LockExclusive)
                 .map_err(|(_, errno)| errno)
                 .with_context(|| format!("locking {}", path.display()))?;
             return Ok(Self::held(lock, path));
         };
         // Polled, since a blocking flock cannot be given a deadline.
-        let deadline = Instant::now() + limit;
         let mut file = file;
         let mut pause = Duration::from_millis(1);
         loop {

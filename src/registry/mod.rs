@@ -347,6 +347,17 @@ impl Registry {
         write_atomically(&self.root.volume_file(&volume.id), text.as_bytes(), 0o644)
     }
 
+    /// The configured storage root (as a path on this host) that holds the
+    /// host path `path`, the deepest when roots nest.
+    pub fn storage_root_holding(&self, path: &Path) -> Option<PathBuf> {
+        self.config()
+            .storage_roots
+            .iter()
+            .map(|root| self.root.host_path(root))
+            .filter(|root| path.starts_with(root))
+            .max_by_key(|root| root.components().count())
+    }
+
     /// Serialises registry read-modify-write and capacity decisions.
     pub fn lock(&self) -> Result<ExclusiveLock> {
         run_dir::lock(&self.root, "registry.lock")

@@ -7,7 +7,7 @@
 
 use std::fs;
 use std::io::ErrorKind;
-use std::os::unix::fs::DirBuilderExt;
+use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
 use std::path::PathBuf;
 use std::sync::OnceLock;
 use std::time::Duration;
@@ -37,11 +37,13 @@ pub fn ensure(root: &SystemRoot) -> Result<PathBuf> {
     let dir = root.run_dir();
     let meta = match fs::symlink_metadata(&dir) {
         Err(e) if e.kind() == ErrorKind::NotFound => {
-            // Group and others may read (metrics' summary), never write.
+            // Group and others may read (metrics' summary), never write;
+            // set after mkdir, which the umask would narrow.
             fs::DirBuilder::new()
                 .recursive(true)
                 .mode(0o755)
                 .create(&dir)
+                .and_then(|()| fs::set_permissions(&dir, fs::Permissions::from_mode(0o755)))
                 .with_context(|| format!("creating {}", dir.display()))?;
             fs::symlink_metadata(&dir)
         }

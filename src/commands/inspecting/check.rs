@@ -12,6 +12,7 @@ use serde::Serialize;
 
 use crate::commands::report::{Failure, Outcome, Report};
 use crate::engine::activate::bring_up_now;
+use crate::engine::attach::{unfit_message, unfit_reasons};
 use crate::engine::capacity::{self, BackingFs};
 use crate::engine::detach::{detach_device_or_leave_it, recovery_hint};
 use crate::hooks::{self, Stop};
@@ -20,7 +21,7 @@ use crate::kernel::loop_device::{self, LoopDevice};
 use crate::registry::paths::SystemRoot;
 use crate::registry::{Registry, Volume};
 use crate::systemd::kernel_cmdline::skip_reason;
-use crate::volume::backing_file::open_backing_file;
+use crate::volume::backing_file::{open_backing_file, refuse_links_below_root};
 use crate::volume::creating_mark::{
     clear_creating_mark, has_creating_mark, is_creating_name, marked_for, CREATING_SUFFIX,
 };
@@ -455,6 +456,19 @@ fn audit_volume(audit: &mut Audit, volume: &Volume) -> Result<()> {
             return Ok(());
         }
     };
+    if let Some(root) = audit.registry.storage_root_holding(&path) {
+        if let Err(refused) = refuse_links_below_root(&root, &path) {
+            audit.report(
+                "linked-directory-in-path",
+                Some(volume),
+                Some(&path),
+                format!(
+                    "{}: {refused:#}; attach refuses it: move the file into a real directory and `sparse-volume register` it there, or make the link's target a storage root of its own",
+                    volume.id
+                ),
+            );
+        }
+    }
     let file = match open_backing_file(&path, true) {
         Ok(file) => Some(file),
         // Data files are root's alone; an unprivileged audit skips the
@@ -533,7 +547,21 @@ fn audit_volume(audit: &mut Audit, volume: &Volume) -> Result<()> {
 
     // Without root, devices are matched by the path sysfs shows.
     let devices = loop_device::devices_of_file(&path)?;
-    if let Some((keep, extra)) = duplicates(&devices) {
+    let weighed = candidates(&devices, volume);
+    for unfit in weighed.iter().filter(|c| !c.fits) {
+        let differs = LoopDevice::open(unfit.number, false)
+            .ok()
+            .and_then(|device| device.status().ok().flatten())
+            .map(|status| unfit_reasons(&status, volume))
+            .unwrap_or_default();
+        audit.report(
+            "unfit-loop-device",
+            Some(volume),
+            Some(&path),
+            format!("{}: {}", volume.id, unfit_message(unfit.number, &differs)),
+        );
+    }
+    if let Some((keep, extra)) = duplicates(&weighed) {
         let root = audit.root.clone();
         audit.repairable_noting(
             "duplicate-loop-devices",
@@ -552,7 +580,7 @@ fn audit_volume(audit: &mut Audit, volume: &Volume) -> Result<()> {
                 // again under the lock that keeps them away.
                 let _lock = Registry::volume_lock(&root, &volume.id)?;
                 let meta = fs::symlink_metadata(&path)?;
-                let now = loop_device::devices_of_file(&path)?;
+                let now = candidates(&loop_device::devices_of_file(&path)?, volume);
                 let Some((keep_now, extra_now)) = duplicates(&now) else {
                     return Ok("no longer so under the volume lock: nothing detached".into());
                 };
@@ -619,20 +647,53 @@ fn shared_partition_name(audit: &mut Audit, volume: &Volume, file: &fs::File, pa
     );
 }
 
-/// Of several devices on one file, the one to keep (the one in use, or the
-/// first) and the others; None for one device or none.
-fn duplicates(devices: &[u32]) -> Option<(u32, Vec<u32>)> {
-    if devices.len() < 2 {
+/// A device bound to a volume's file, as a duplicate repair weighs it.
+struct Candidate {
+    number: u32,
+    in_use: bool,
+    /// Shows the volume as registered (`engine::attach::unfit_reasons`);
+    /// taken as true when its status cannot be read (without root).
+    fits: bool,
+}
+
+fn candidates(numbers: &[u32], volume: &Volume) -> Vec<Candidate> {
+    numbers
+        .iter()
+        .map(|&number| Candidate {
+            number,
+            in_use: !users_of_loop(number).is_empty(),
+            fits: LoopDevice::open(number, false)
+                .ok()
+                .and_then(|device| device.status().ok().flatten())
+                .is_none_or(|status| unfit_reasons(&status, volume).is_empty()),
+        })
+        .collect()
+}
+
+/// Of several devices on one file that show the volume as registered, the
+/// one to keep (the one in use, else the first) and the others. None for
+/// fewer than two, and while a device that does not fit is in use: that
+/// one is reported as unfit, for a person to sort out, and never weighed.
+fn duplicates(candidates: &[Candidate]) -> Option<(u32, Vec<u32>)> {
+    if candidates.iter().any(|c| c.in_use && !c.fits) {
         return None;
     }
-    let keep = devices
+    let fitting: Vec<&Candidate> = candidates.iter().filter(|c| c.fits).collect();
+    if fitting.len() < 2 {
+        return None;
+    }
+    let keep = fitting
         .iter()
-        .copied()
-        .find(|&n| !users_of_loop(n).is_empty())
-        .unwrap_or(devices[0]);
+        .find(|c| c.in_use)
+        .unwrap_or(&fitting[0])
+        .number;
     Some((
         keep,
-        devices.iter().copied().filter(|&n| n != keep).collect(),
+        fitting
+            .iter()
+            .map(|c| c.number)
+            .filter(|&n| n != keep)
+            .collect(),
     ))
 }
 

@@ -14,13 +14,16 @@
 //! us configure the device and close it without that event. It is made in
 //! a tmpfs that is mounted nowhere (`fsopen` + `fsmount`, Linux 5.2): the
 //! file system exists only as our descriptors and goes with the last of
-//! them, so a kill at any moment leaves no node behind in any directory
-//! (an earlier version made it under `/dev`, where a SIGKILL between
-//! `mknod` and `unlink` left a block device node).
+//! them, so a kill at any moment leaves no node behind. Where that is not
+//! allowed (older kernels, containers without mounts) the node is made in
+//! a private directory under `/dev` and unlinked once open, as versions up
+//! to 0.2 always did; a SIGKILL between `mknod` and `unlink` leaves it
+//! there, and `check` reports it.
 
 use std::fs::File;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
-use std::os::unix::fs::{FileTypeExt, MetadataExt};
+use std::os::unix::fs::{FileTypeExt, MetadataExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
 use linux_raw_sys::general::{fsconfig_command, FSMOUNT_CLOEXEC, FSOPEN_CLOEXEC};
@@ -39,7 +42,57 @@ pub fn open_read_write(node: &File) -> Result<File> {
     } else {
         anyhow::bail!("not a device node");
     };
-    open_through_private_node(kind, meta.rdev())
+    open_through_private_node(kind, meta.rdev()).or_else(|unmounted| {
+        // Kernels before 5.2, or a container that may make device nodes but
+        // not mounts: the node goes in a private directory under /dev, as
+        // versions up to 0.2 did (a kill between its mknod and unlink leaves
+        // it there; `check` reports it).
+        open_in_directory(Path::new(DEV), kind, meta.rdev())
+            .map_err(|in_dev| anyhow::anyhow!("{unmounted:#}; {in_dev:#}"))
+    })
+}
+
+/// Where the fallback's node is made: device nodes work on devtmpfs, while
+/// `/run` and `/tmp` are often mounted `nodev`.
+const DEV: &str = "/dev";
+
+/// A directory made for the fallback's node (mode 0700, by `mkdtemp`),
+/// removed when dropped: it holds nothing by then, so one `rmdir` does.
+struct PrivateDirectory(PathBuf);
+
+impl PrivateDirectory {
+    fn new(parent: &Path) -> Result<Self> {
+        let template = parent.join(".sparse-volume-XXXXXX");
+        nix::unistd::mkdtemp(&template)
+            .map(Self)
+            .with_context(|| format!("creating a private directory in {}", parent.display()))
+    }
+}
+
+impl Drop for PrivateDirectory {
+    fn drop(&mut self) {
+        if let Err(e) = std::fs::remove_dir(&self.0) {
+            tracing::warn!("removing {}: {e}", self.0.display());
+        }
+    }
+}
+
+fn open_in_directory(parent: &Path, kind: SFlag, device: u64) -> Result<File> {
+    let directory = PrivateDirectory::new(parent)?;
+    let path = directory.0.join("device");
+    nix::sys::stat::mknod(&path, kind, Mode::S_IRUSR | Mode::S_IWUSR, device)
+        .with_context(|| format!("creating the device node {}", path.display()))?;
+    let opened = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .custom_flags(libc::O_CLOEXEC)
+        .open(&path)
+        .with_context(|| format!("opening {}", path.display()));
+    // The open file outlives its name; the directory goes on drop.
+    let removed = std::fs::remove_file(&path);
+    let file = opened?;
+    removed.with_context(|| format!("removing {}", path.display()))?;
+    Ok(file)
 }
 
 /// The result of a raw system call that returns a new descriptor.
@@ -127,6 +180,19 @@ mod tests {
         let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
         let device = format!(" {}:{} ", libc::major(meta.dev()), libc::minor(meta.dev()));
         assert!(!mounts.contains(&device), "mounted: {device}");
+    }
+
+    #[test]
+    fn the_fallback_opens_the_same_device_and_leaves_nothing() {
+        if crate::kernel::skipped_without_root() {
+            return;
+        }
+        let parent = tempfile::tempdir().unwrap();
+        let null = File::open("/dev/null").unwrap();
+        let rdev = null.metadata().unwrap().rdev();
+        let file = open_in_directory(parent.path(), SFlag::S_IFCHR, rdev).unwrap();
+        assert_eq!(file.metadata().unwrap().rdev(), rdev);
+        assert_eq!(std::fs::read_dir(parent.path()).unwrap().count(), 0);
     }
 
     #[test]

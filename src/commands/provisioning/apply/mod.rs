@@ -425,12 +425,17 @@ impl Converge<'_> {
         // and under the registry lock until the flags are written, which
         // keeps `check --repair` from attaching it again meanwhile.
         let held = if desired.now && !enabled_after {
-            let lock = self.registry.lock()?;
+            // A dry run changes nothing that a repair could undo.
+            let lock = if self.dry_run {
+                None
+            } else {
+                Some(self.registry.lock()?)
+            };
             self.stop_if_running(&volume, before, created)?;
             if !self.dry_run {
                 hooks::stop_at(Stop::DisableAfterStop);
             }
-            Some(lock)
+            lock
         } else {
             None
         };
