@@ -851,17 +851,6 @@ fn detach_releases_a_second_device_when_the_file_is_renamed_meanwhile() {
     assert_eq!(released(&detached), sorted(vec![device, second]));
 }
 
-/// Detaches a device bound by hand when the test ends, passed or not.
-struct BoundByHand(String);
-
-impl Drop for BoundByHand {
-    fn drop(&mut self) {
-        let _ = std::process::Command::new("losetup")
-            .args(["-d", &self.0])
-            .status();
-    }
-}
-
 /// Issue 24 item 7: a device bound to the volume's file by hand with an
 /// offset, a size limit or read-only (on a read-write volume) does not
 /// hold the volume; attach adopted it silently ("changed": false), and a
@@ -882,7 +871,7 @@ fn attach_refuses_a_device_that_does_not_hold_the_volume_as_registered() {
         let uuid = new_uuid();
         fx.run_ok(&["create", "--size", "16M", "--uuid", &uuid]);
         let backing = fx.backing(&uuid);
-        let by_hand = BoundByHand(bound_by_hand(&backing, losetup_args));
+        let by_hand = common::DetachOnDrop(bound_by_hand(&backing, losetup_args));
 
         for command in [&["attach", &uuid][..], &["attach", &uuid, "--dry-run"][..]] {
             let refused = fx.run(command);

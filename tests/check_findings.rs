@@ -750,19 +750,13 @@ fn a_duplicate_repair_decides_again_under_the_volume_lock() {
     fs::create_dir_all(filler.parent().unwrap()).unwrap();
     fx.sparse_file(&filler);
     tool("losetup", &[&first, filler.to_str().unwrap()]);
-    struct Release(String);
-    impl Drop for Release {
-        fn drop(&mut self) {
-            let _ = Command::new("losetup").args(["-d", &self.0]).status();
-        }
-    }
-    let _filler = Release(first.clone());
+    let _filler = common::DetachOnDrop(first.clone());
     let reattached = fx.run_ok(&["attach", &uuid, "--json"]).json();
     let now = reattached["device"].as_str().unwrap().to_string();
     assert_ne!(now, first);
 
     let check = stopped.resume();
-    let _detach = Release(now.clone());
+    let _detach = common::DetachOnDrop(now.clone());
     assert_eq!(
         loops_of(&backing),
         vec![now.clone()],
@@ -800,13 +794,7 @@ fn a_repair_that_cannot_detach_an_open_device_leaves_it_as_it_was() {
     let stray = fx.host("/var/lib/sparse-volume/stray");
     fx.sparse_file(&stray);
     let device = common::bound_by_hand(&stray, &[]);
-    struct Release(String);
-    impl Drop for Release {
-        fn drop(&mut self) {
-            let _ = Command::new("losetup").args(["-d", &self.0]).status();
-        }
-    }
-    let _release = Release(device.clone());
+    let _release = common::DetachOnDrop(device.clone());
     let holder = fs::OpenOptions::new()
         .read(true)
         .write(true)
@@ -1005,13 +993,10 @@ fn a_device_that_does_not_fit_is_reported_and_never_weighed_as_a_duplicate() {
         .unwrap()
         .to_string();
     let unfit = common::bound_by_hand(&backing, &["-o", "1048576"]);
-    struct Release(String);
-    impl Drop for Release {
-        fn drop(&mut self) {
-            let _ = Command::new("losetup").args(["-d", &self.0]).status();
-        }
-    }
-    let _release = (Release(unfit.clone()), Release(own.clone()));
+    let _release = (
+        common::DetachOnDrop(unfit.clone()),
+        common::DetachOnDrop(own.clone()),
+    );
 
     let (_, report) = check(&fx, true);
     let mut bound = loops_of(&backing);

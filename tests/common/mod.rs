@@ -583,3 +583,12 @@ pub fn bound_by_hand(file: &Path, extra: &[&str]) -> String {
     args.push(file.to_str().unwrap());
     tool("losetup", &args).trim().to_string()
 }
+
+/// Detaches a loop device a test bound when dropped, passed or failed.
+pub struct DetachOnDrop(pub String);
+
+impl Drop for DetachOnDrop {
+    fn drop(&mut self) {
+        let _ = Command::new("losetup").args(["-d", &self.0]).status();
+    }
+}
