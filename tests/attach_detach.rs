@@ -961,3 +961,90 @@ fn a_kill_while_binding_leaves_no_device_node_behind() {
     assert!(new.is_empty(), "the kill left {new:?} in /dev");
     let _ = fx.run(&["detach", &uuid]);
 }
+
+/// inotify instances held by processes running `program` (a path).
+fn inotify_instances_of(program: &std::path::Path) -> usize {
+    let mut count = 0;
+    for process in fs::read_dir("/proc").unwrap().flatten() {
+        let exe = process.path().join("exe");
+        if fs::read_link(&exe).ok().as_deref() != Some(program) {
+            continue;
+        }
+        for fd in fs::read_dir(process.path().join("fd"))
+            .into_iter()
+            .flatten()
+            .flatten()
+        {
+            if fs::read_link(fd.path()).is_ok_and(|t| t.to_string_lossy() == "anon_inode:inotify") {
+                count += 1;
+            }
+        }
+    }
+    count
+}
+
+/// Issue 24 item 6: each attach waiting for udev's link held an inotify
+/// instance of its own, and Debian allows 128 for all of root: with more
+/// than about 120 volumes starting at once, other root services failed
+/// `inotify_init`. Our processes now hold at most 32 between them; the
+/// others look at the link without one.
+#[test]
+fn waiting_attaches_hold_a_bounded_number_of_inotify_instances() {
+    needs_root!();
+    const WAITERS: usize = 48;
+    let fx = Fixture::new();
+    let uuids: Vec<String> = (0..WAITERS).map(|_| new_uuid()).collect();
+    for uuid in &uuids {
+        fx.make_ext4(uuid);
+        fx.register(uuid, "filesystem", "");
+    }
+    // udev "runs" (its control socket exists) but makes no link: every
+    // attach waits its whole timeout.
+    let control = fx.host("/run/udev/control");
+    fs::create_dir_all(control.parent().unwrap()).unwrap();
+    fs::write(&control, "").unwrap();
+    fs::write(
+        fx.host("/etc/sparse-volume/config.toml"),
+        "udev_timeout_sec = 6\n",
+    )
+    .unwrap();
+    // The links are the host's: their directory must be there to watch.
+    let links = std::path::Path::new("/dev/disk/by-uuid");
+    let made_links = !links.exists();
+    fs::create_dir_all(links).unwrap();
+    let children: Vec<_> = uuids
+        .iter()
+        .map(|uuid| {
+            fx.command(&["attach", uuid])
+                .stdout(std::process::Stdio::null())
+                .stderr(std::process::Stdio::null())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    let program = std::path::Path::new(env!("CARGO_BIN_EXE_sparse-volume"));
+    let mut most = 0;
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(4);
+    while std::time::Instant::now() < deadline {
+        most = most.max(inotify_instances_of(program));
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    for mut child in children {
+        let _ = child.wait();
+    }
+    if made_links {
+        let _ = fs::remove_dir(links);
+        let _ = fs::remove_dir(links.parent().unwrap());
+    }
+    assert!(most > 0, "no attach ever waited with inotify");
+    assert!(
+        most <= 32,
+        "{most} inotify instances held by {WAITERS} waiting attaches"
+    );
+    for uuid in &uuids {
+        assert!(
+            loops_of(&fx.backing(uuid)).is_empty(),
+            "a failed attach left its device"
+        );
+    }
+}

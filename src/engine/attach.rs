@@ -346,7 +346,8 @@ fn await_link(
     };
     let timeout = registry.config().udev_timeout;
     let control_socket = registry.root().host_path(CONTROL_SOCKET);
-    match wait_for_link(&control_socket, link, &target, timeout) {
+    let slots = registry.root().run_dir();
+    match wait_for_link(&control_socket, &slots, link, &target, timeout) {
         LinkOutcome::Linked => Ok("linked"),
         LinkOutcome::NoUdev => Ok("no-udev"),
         LinkOutcome::Stopped => bail!(

@@ -214,6 +214,15 @@ impl ExclusiveLock {
         }
     }
 
+    /// The lock on `path` if nobody holds it now; None if somebody does.
+    pub fn try_acquire(path: &Path) -> Result<Option<Self>> {
+        match Flock::lock(open_lock_file(path)?, FlockArg::LockExclusiveNonblock) {
+            Ok(lock) => Ok(Some(Self::held(lock, path))),
+            Err((_, Errno::EWOULDBLOCK)) => Ok(None),
+            Err((_, errno)) => Err(errno).with_context(|| format!("locking {}", path.display())),
+        }
+    }
+
     fn held(lock: Flock<File>, path: &Path) -> Self {
         Self {
             lock,

@@ -7,7 +7,16 @@ use std::time::{Duration, Instant};
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify};
 
+use crate::kernel::files::ExclusiveLock;
 use crate::kernel::signals;
+
+/// How many inotify instances all our waiting processes hold at most.
+/// The kernel's `fs.inotify.max_user_instances` (128 on Debian) counts
+/// every instance of root's, so a hundred volumes starting at once, each
+/// with its own, left other root services starting at that moment without
+/// one (EMFILE). A waiter without a slot looks at the link every
+/// [`SLOTLESS_POLL`] instead.
+pub const INOTIFY_SLOTS: u32 = 32;
 
 /// udev's control socket exists exactly while systemd-udevd runs.
 pub const CONTROL_SOCKET: &str = "/run/udev/control";
@@ -37,8 +46,11 @@ pub enum LinkOutcome {
 /// every 50 ms each was a path resolution 20 times a second per waiting
 /// volume. The link is still looked at every [`RECHECK`] in case an event
 /// is missed (a directory made or replaced while we wait).
+/// `slots` is a directory for the lock files that share out
+/// [`INOTIFY_SLOTS`] among our processes.
 pub fn wait_for_link(
     control_socket: &Path,
+    slots: &Path,
     link: &Path,
     device: &Path,
     timeout: Duration,
@@ -51,7 +63,7 @@ pub fn wait_for_link(
     }
     let deadline = Instant::now() + timeout;
     // Watching before the first look: a link made in between wakes us.
-    let mut watch = DirectoryWatch::new(link);
+    let mut watch = DirectoryWatch::new(link, slots);
     loop {
         // A stop wins over a link that appears at the same moment.
         if signals::requested() {
@@ -78,50 +90,78 @@ const RECHECK: Duration = Duration::from_millis(500);
 /// How often the link is looked at when its directory cannot be watched
 /// (it does not exist yet: the first volume of its kind on this system).
 const UNWATCHED_POLL: Duration = Duration::from_millis(50);
+/// How often a waiter without an inotify slot looks at the link.
+const SLOTLESS_POLL: Duration = Duration::from_millis(100);
+
+/// The lock of one of the [`INOTIFY_SLOTS`], tried from a place that
+/// depends on the process so that concurrent waiters spread out.
+fn take_slot(slots: &Path) -> Option<ExclusiveLock> {
+    let first = std::process::id() % INOTIFY_SLOTS;
+    (0..INOTIFY_SLOTS)
+        .map(|i| slots.join(format!("inotify-slot-{}", (first + i) % INOTIFY_SLOTS)))
+        .find_map(|path| ExclusiveLock::try_acquire(&path).ok().flatten())
+}
 
 /// inotify on the directory a link lives in, for the changes udev makes
-/// there (it writes a link under a temporary name and renames it).
+/// there (it writes a link under a temporary name and renames it). The
+/// instance is made only once the directory exists and a slot is ours.
 struct DirectoryWatch {
-    inotify: Inotify,
     directory: PathBuf,
-    watching: bool,
+    slots: PathBuf,
+    /// The instance watching the directory, and the slot it holds.
+    watching: Option<(Inotify, ExclusiveLock)>,
+    /// No slot was free: the link is looked at every [`SLOTLESS_POLL`].
+    slotless: bool,
 }
 
 impl DirectoryWatch {
-    fn new(link: &Path) -> Option<Self> {
-        let directory = link.parent()?.to_path_buf();
-        let inotify = Inotify::init(InitFlags::IN_CLOEXEC | InitFlags::IN_NONBLOCK).ok()?;
+    fn new(link: &Path, slots: &Path) -> Option<Self> {
         let mut watch = Self {
-            inotify,
-            directory,
-            watching: false,
+            directory: link.parent()?.to_path_buf(),
+            slots: slots.to_path_buf(),
+            watching: None,
+            slotless: false,
         };
         watch.try_watch();
         Some(watch)
     }
 
     fn try_watch(&mut self) {
+        if !self.directory.is_dir() {
+            return;
+        }
+        let Some(slot) = take_slot(&self.slots) else {
+            self.slotless = true;
+            return;
+        };
         let changes = AddWatchFlags::IN_CREATE
             | AddWatchFlags::IN_MOVED_TO
             | AddWatchFlags::IN_DELETE
             | AddWatchFlags::IN_MOVED_FROM;
-        self.watching = self.inotify.add_watch(&self.directory, changes).is_ok();
+        self.watching = Inotify::init(InitFlags::IN_CLOEXEC | InitFlags::IN_NONBLOCK)
+            .ok()
+            .filter(|inotify| inotify.add_watch(&self.directory, changes).is_ok())
+            .map(|inotify| (inotify, slot));
     }
 
     /// Returns after a change in the directory, after `timeout`, or when a
     /// signal (a stop request) interrupts the wait.
     fn wait(&mut self, timeout: Duration) {
-        if !self.watching {
-            // The directory may exist by now.
-            std::thread::sleep(timeout.min(UNWATCHED_POLL));
-            self.try_watch();
+        let Some((inotify, _slot)) = &self.watching else {
+            if self.slotless {
+                std::thread::sleep(timeout.min(SLOTLESS_POLL));
+            } else {
+                // The directory may exist by now.
+                std::thread::sleep(timeout.min(UNWATCHED_POLL));
+                self.try_watch();
+            }
             return;
-        }
-        let mut fds = [PollFd::new(self.inotify.as_fd(), PollFlags::POLLIN)];
+        };
+        let mut fds = [PollFd::new(inotify.as_fd(), PollFlags::POLLIN)];
         let millis = u16::try_from(timeout.as_millis()).unwrap_or(u16::MAX);
         if matches!(poll(&mut fds, PollTimeout::from(millis)), Ok(n) if n > 0) {
             // Drained, so that the next wait sleeps until the next change.
-            while matches!(self.inotify.read_events(), Ok(events) if !events.is_empty()) {}
+            while matches!(inotify.read_events(), Ok(events) if !events.is_empty()) {}
         }
     }
 }
@@ -135,6 +175,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let outcome = wait_for_link(
             &dir.path().join("run/udev/control"),
+            dir.path(),
             Path::new("/nonexistent/link"),
             Path::new("/dev/null"),
             Duration::from_secs(3600),
@@ -147,8 +188,8 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let link = dir.path().join("by-uuid").join("volume");
         std::fs::create_dir(link.parent().unwrap()).unwrap();
-        let mut watch = DirectoryWatch::new(&link).expect("a watch");
-        assert!(watch.watching);
+        let mut watch = DirectoryWatch::new(&link, dir.path()).expect("a watch");
+        assert!(watch.watching.is_some());
         let maker = {
             let link = link.clone();
             std::thread::spawn(move || {
@@ -171,6 +212,23 @@ mod tests {
     }
 
     #[test]
+    fn without_a_free_slot_or_a_directory_no_inotify_instance_is_made() {
+        let dir = tempfile::tempdir().unwrap();
+        let link = dir.path().join("by-uuid").join("volume");
+        let missing = DirectoryWatch::new(&link, dir.path()).expect("a watch");
+        assert!(missing.watching.is_none() && !missing.slotless);
+        std::fs::create_dir(link.parent().unwrap()).unwrap();
+        let held: Vec<_> = (0..INOTIFY_SLOTS)
+            .map(|_| take_slot(dir.path()).expect("a free slot"))
+            .collect();
+        let slotless = DirectoryWatch::new(&link, dir.path()).expect("a watch");
+        assert!(slotless.watching.is_none() && slotless.slotless);
+        drop(held);
+        let watching = DirectoryWatch::new(&link, dir.path()).expect("a watch");
+        assert!(watching.watching.is_some());
+    }
+
+    #[test]
     fn with_udev_a_link_is_followed() {
         let dir = tempfile::tempdir().unwrap();
         let control = dir.path().join("run/udev/control");
@@ -179,11 +237,23 @@ mod tests {
         let link = dir.path().join("link");
         std::os::unix::fs::symlink("/dev/null", &link).unwrap();
         assert_eq!(
-            wait_for_link(&control, &link, Path::new("/dev/null"), Duration::ZERO),
+            wait_for_link(
+                &control,
+                dir.path(),
+                &link,
+                Path::new("/dev/null"),
+                Duration::ZERO
+            ),
             LinkOutcome::Linked
         );
         assert_eq!(
-            wait_for_link(&control, &link, Path::new("/dev/zero"), Duration::ZERO),
+            wait_for_link(
+                &control,
+                dir.path(),
+                &link,
+                Path::new("/dev/zero"),
+                Duration::ZERO
+            ),
             LinkOutcome::TimedOut {
                 points_to: Some(PathBuf::from("/dev/null"))
             }
