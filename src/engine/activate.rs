@@ -14,7 +14,9 @@ use crate::kernel::holders::users_of_loop;
 use crate::kernel::loop_device::LoopDevice;
 use crate::registry::Registry;
 use crate::systemd::unit::VOLUMES_TARGET;
-use crate::systemd::{job_wait, last_journal_lines, unit_name, Systemd, UnitState, JOB_DONE};
+use crate::systemd::{
+    job_wait, last_error_of_run, last_journal_lines, unit_name, Systemd, UnitState, JOB_DONE,
+};
 use crate::volume::id::VolumeId;
 
 /// Enough journal to show why an attach failed, short enough to read.
@@ -234,11 +236,17 @@ fn finish(systemd: &Systemd, unit: &str, verb: &str, result: String) -> Result<U
 /// last journal lines when they can be read.
 fn job_failed(unit: &str, verb: &str, result: &str, state: Option<UnitState>) -> anyhow::Error {
     let mut message = format!("{unit}: the {verb} job ended with result \"{result}\"");
-    if let Some(state) = state {
+    if let Some(state) = &state {
         message.push_str(&format!(
             "; the unit is {} ({}), its result \"{}\"",
             state.active_state, state.sub_state, state.result
         ));
+        // Why, in the program's own words, on the same line: the run's
+        // last error in the journal ("sparse-volume: attaching U: ...").
+        if let Some(reason) = state.invocation_id.as_deref().and_then(last_error_of_run) {
+            let reason = reason.strip_prefix("sparse-volume: ").unwrap_or(&reason);
+            message.push_str(&format!(": {reason}"));
+        }
     }
     let journal = last_journal_lines(unit, JOURNAL_LINES);
     if !journal.is_empty() {

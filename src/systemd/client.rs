@@ -142,6 +142,12 @@ impl Systemd {
             required_by: call(CALL_TIMEOUT, unit_proxy.required_by()).await?,
             timeout_start_usec: call(CALL_TIMEOUT, service.timeout_start_usec()).await?,
             timeout_stop_usec: call(CALL_TIMEOUT, service.timeout_stop_usec()).await?,
+            // Detail for a failure's message: never a reason to fail.
+            invocation_id: call(CALL_TIMEOUT, unit_proxy.invocation_id())
+                .await
+                .ok()
+                .filter(|id| !id.is_empty())
+                .map(|id| id.iter().map(|byte| format!("{byte:02x}")).collect()),
         })
     }
 

@@ -1,7 +1,8 @@
-//! The last journal lines of a unit, to put next to a failed job's result:
-//! the job result says *that* the attach failed, the journal says *why*.
-//! They are detail for whoever asked for it (`-v`): the error itself stays
-//! one sentence on one line, as scripts and config management expect.
+//! The journal of a unit, to put next to a failed job's result: the job
+//! result says *that* the attach failed, the journal says *why*. The run's
+//! own error line joins the failure's one line; the unit's last lines are
+//! detail for whoever asked for it (`-v`), so that the error stays one
+//! sentence on one line, as scripts and config management expect.
 
 use std::io::Read;
 use std::process::{Command, Stdio};
@@ -19,15 +20,38 @@ pub fn last_journal_lines(unit: &str, count: usize) -> Vec<String> {
     if !tracing::enabled!(tracing::Level::INFO) {
         return Vec::new();
     }
+    journalctl(&[
+        &format!("--unit={unit}"),
+        &format!("--lines={count}"),
+        "--output=short-iso",
+    ])
+}
+
+/// The last error a unit's run logged (its program's failure line), found
+/// by the run's invocation ID: the reason a failed start gives on its one
+/// line, whatever the verbosity. Best effort, like the lines above.
+pub fn last_error_of_run(invocation_id: &str) -> Option<String> {
+    let filter = format!("_SYSTEMD_INVOCATION_ID={invocation_id}");
+    // journald takes a service's output from a stream and may not have
+    // stored its last line yet when the job's end reaches us.
+    for attempt in 0..5 {
+        if attempt > 0 {
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        let found = journalctl(&[&filter, "--priority=err", "--lines=1", "--output=cat"]).pop();
+        if found.is_some() {
+            return found;
+        }
+    }
+    None
+}
+
+/// What `journalctl ARGS --no-pager --quiet --no-hostname` prints, line by
+/// line; nothing when it fails or takes longer than [`JOURNAL_TIMEOUT`].
+fn journalctl(args: &[&str]) -> Vec<String> {
     let child = Command::new("journalctl")
-        .arg(format!("--unit={unit}"))
-        .arg(format!("--lines={count}"))
-        .args([
-            "--no-pager",
-            "--quiet",
-            "--no-hostname",
-            "--output=short-iso",
-        ])
+        .args(args)
+        .args(["--no-pager", "--quiet", "--no-hostname"])
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::null())

@@ -13,7 +13,7 @@ mod journal;
 pub mod kernel_cmdline;
 pub mod unit;
 
-pub use journal::last_journal_lines;
+pub use journal::{last_error_of_run, last_journal_lines};
 pub use unit::{unit_name, UnitState, JOB_DONE};
 
 #[cfg(feature = "dbus")]

@@ -64,6 +64,9 @@ pub trait Unit {
 
     #[zbus(property)]
     fn required_by(&self) -> zbus::Result<Vec<String>>;
+
+    #[zbus(property, name = "InvocationID")]
+    fn invocation_id(&self) -> zbus::Result<Vec<u8>>;
 }
 
 /// `Result` and the timeouts are properties of the service, not of the

@@ -48,6 +48,9 @@ pub struct UnitState {
     /// `u64::MAX`: no timeout).
     pub timeout_start_usec: u64,
     pub timeout_stop_usec: u64,
+    /// The unit's current `InvocationID` in hex (its journal lines carry it
+    /// as `_SYSTEMD_INVOCATION_ID`); None when systemd did not say.
+    pub invocation_id: Option<String>,
 }
 
 impl UnitState {
@@ -112,6 +115,7 @@ mod tests {
             required_by: vec!["sparse-volumes.target".into()],
             timeout_start_usec: 90_000_000,
             timeout_stop_usec: u64::MAX,
+            invocation_id: None,
         };
         assert_eq!(state.start_timeout(), Some(Duration::from_secs(90)));
         assert_eq!(state.stop_timeout(), None);

@@ -787,7 +787,8 @@ unit_states() {
         fail "a repeated stop of $XFS: expected exit 0, changed false; exit $rc: $out $err"
 
     # A failed start (foreign content): one line on stderr naming the
-    # volume; the journal's explanation only with -v.
+    # volume and carrying attach's own reason (the run's error line in the
+    # journal); the unit's last journal lines only with -v.
     local bad one
     bad=$(new_uuid)
     $CLI create --uuid "$bad" --size 32M >/dev/null
@@ -796,6 +797,8 @@ unit_states() {
     ((rc == 1)) || fail "start of a volume with foreign content exited $rc, expected 1: $out $err"
     [[ -z $out && $(grep -c . <<<"$err") == 1 && $err == "sparse-volume: starting $bad: "*failed* ]] ||
         fail "the failed start of $bad: expected nothing on stdout and one line on stderr (\"sparse-volume: starting $bad: ...failed...\"), got stdout: $out; stderr: $err"
+    [[ $err == *"holds an ext4 file system with UUID"* ]] ||
+        fail "the failed start of $bad: its one line does not carry attach's reason (\"holds an ext4 file system with UUID ...\"): $err"
     log "failed start, stderr: $err"
     run_rc out err $CLI start "$bad" --json
     [[ $rc == 1 && $(grep -c . <<<"$out") == 1 && $(json_field uuid <<<"$out") == "$bad" &&
