@@ -962,25 +962,19 @@ fn a_kill_while_binding_leaves_no_device_node_behind() {
     let _ = fx.run(&["detach", &uuid]);
 }
 
-/// inotify instances held by processes running `program` (a path).
-fn inotify_instances_of(program: &std::path::Path) -> usize {
-    let mut count = 0;
-    for process in fs::read_dir("/proc").unwrap().flatten() {
-        let exe = process.path().join("exe");
-        if fs::read_link(&exe).ok().as_deref() != Some(program) {
-            continue;
-        }
-        for fd in fs::read_dir(process.path().join("fd"))
-            .into_iter()
-            .flatten()
-            .flatten()
-        {
-            if fs::read_link(fd.path()).is_ok_and(|t| t.to_string_lossy() == "anon_inode:inotify") {
-                count += 1;
-            }
-        }
-    }
-    count
+/// inotify instances held by the processes `pids`.
+fn inotify_instances_of(pids: &[u32]) -> usize {
+    pids.iter()
+        .flat_map(|pid| {
+            fs::read_dir(format!("/proc/{pid}/fd"))
+                .into_iter()
+                .flatten()
+                .flatten()
+        })
+        .filter(|fd| {
+            fs::read_link(fd.path()).is_ok_and(|t| t.to_string_lossy() == "anon_inode:inotify")
+        })
+        .count()
 }
 
 /// Issue 24 item 6: each attach waiting for udev's link held an inotify
@@ -1022,11 +1016,11 @@ fn waiting_attaches_hold_a_bounded_number_of_inotify_instances() {
                 .unwrap()
         })
         .collect();
-    let program = std::path::Path::new(env!("CARGO_BIN_EXE_sparse-volume"));
+    let pids: Vec<u32> = children.iter().map(|child| child.id()).collect();
     let mut most = 0;
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(4);
     while std::time::Instant::now() < deadline {
-        most = most.max(inotify_instances_of(program));
+        most = most.max(inotify_instances_of(&pids));
         std::thread::sleep(std::time::Duration::from_millis(100));
     }
     for mut child in children {

@@ -85,7 +85,7 @@ pub fn start_attached(registry: &Registry, systemd: &Systemd, id: &VolumeId) -> 
     if restarted {
         tracing::info!("{unit} is active but its device is gone; restarting it");
         let result = systemd.stop_unit(&unit, job_wait(before.stop_timeout()))?;
-        finish(systemd, &unit, "stop", result)?;
+        finish(systemd, &unit, "stop", result, &before)?;
     }
     let mut outcome = bring_up(systemd, &unit)?;
     outcome.changed |= restarted;
@@ -191,7 +191,7 @@ pub fn bring_up(systemd: &Systemd, unit: &str) -> Result<UnitOutcome> {
     }
     tracing::info!("starting {unit} (was {})", before.active_state);
     let result = systemd.start_unit(unit, job_wait(before.start_timeout()))?;
-    finish(systemd, unit, "start", result)
+    finish(systemd, unit, "start", result, &before)
 }
 
 /// Stops the unit unless it is stopped already, and waits for the job. A
@@ -216,13 +216,19 @@ pub fn bring_down(systemd: &Systemd, unit: &str) -> Result<UnitOutcome> {
     }
     tracing::info!("stopping {unit} (was {})", before.active_state);
     let result = systemd.stop_unit(unit, job_wait(before.stop_timeout()))?;
-    finish(systemd, unit, "stop", result)
+    finish(systemd, unit, "stop", result, &before)
 }
 
-fn finish(systemd: &Systemd, unit: &str, verb: &str, result: String) -> Result<UnitOutcome> {
+fn finish(
+    systemd: &Systemd,
+    unit: &str,
+    verb: &str,
+    result: String,
+    before: &UnitState,
+) -> Result<UnitOutcome> {
     let state = systemd.unit_state(unit);
     if result != JOB_DONE {
-        return Err(job_failed(unit, verb, &result, state.ok()));
+        return Err(job_failed(unit, verb, &result, state.ok(), before));
     }
     Ok(UnitOutcome {
         changed: true,
@@ -234,7 +240,13 @@ fn finish(systemd: &Systemd, unit: &str, verb: &str, result: String) -> Result<U
 /// "sparse-volume@U.service: the start job ended with result "failed";
 /// the unit is failed (failed), its result "exit-code"", then the unit's
 /// last journal lines when they can be read.
-fn job_failed(unit: &str, verb: &str, result: &str, state: Option<UnitState>) -> anyhow::Error {
+fn job_failed(
+    unit: &str,
+    verb: &str,
+    result: &str,
+    state: Option<UnitState>,
+    before: &UnitState,
+) -> anyhow::Error {
     let mut message = format!("{unit}: the {verb} job ended with result \"{result}\"");
     if let Some(state) = &state {
         message.push_str(&format!(
@@ -242,8 +254,15 @@ fn job_failed(unit: &str, verb: &str, result: &str, state: Option<UnitState>) ->
             state.active_state, state.sub_state, state.result
         ));
         // Why, in the program's own words, on the same line: the run's
-        // last error in the journal ("sparse-volume: attaching U: ...").
-        if let Some(reason) = state.invocation_id.as_deref().and_then(last_error_of_run) {
+        // last error in the journal ("sparse-volume: attaching U: ...", or
+        // systemd's own line when the program could not be run). Only for
+        // a run this job made: a job that ran nothing (a dependency
+        // failed) leaves the previous run's ID in place.
+        let this_run = state
+            .invocation_id
+            .as_deref()
+            .filter(|id| before.invocation_id.as_deref() != Some(*id));
+        if let Some(reason) = this_run.and_then(last_error_of_run) {
             let reason = reason.strip_prefix("sparse-volume: ").unwrap_or(&reason);
             message.push_str(&format!(": {reason}"));
         }

@@ -93,13 +93,23 @@ const UNWATCHED_POLL: Duration = Duration::from_millis(50);
 /// How often a waiter without an inotify slot looks at the link.
 const SLOTLESS_POLL: Duration = Duration::from_millis(100);
 
-/// The lock of one of the [`INOTIFY_SLOTS`], tried from a place that
-/// depends on the process so that concurrent waiters spread out.
+/// The lock of slot `index` (modulo [`INOTIFY_SLOTS`]) if it is free.
+fn take_slot_at(slots: &Path, index: u32) -> Option<ExclusiveLock> {
+    let path = slots.join(format!("inotify-slot-{}", index % INOTIFY_SLOTS));
+    match ExclusiveLock::try_acquire(&path) {
+        Ok(slot) => slot,
+        Err(e) => {
+            tracing::debug!("inotify slot {}: {e:#}", path.display());
+            None
+        }
+    }
+}
+
+/// The lock of any free one of the [`INOTIFY_SLOTS`], tried from a place
+/// that depends on the process so that concurrent waiters spread out.
 fn take_slot(slots: &Path) -> Option<ExclusiveLock> {
-    let first = std::process::id() % INOTIFY_SLOTS;
-    (0..INOTIFY_SLOTS)
-        .map(|i| slots.join(format!("inotify-slot-{}", (first + i) % INOTIFY_SLOTS)))
-        .find_map(|path| ExclusiveLock::try_acquire(&path).ok().flatten())
+    let first = std::process::id();
+    (0..INOTIFY_SLOTS).find_map(|i| take_slot_at(slots, first.wrapping_add(i)))
 }
 
 /// inotify on the directory a link lives in, for the changes udev makes
@@ -110,8 +120,15 @@ struct DirectoryWatch {
     slots: PathBuf,
     /// The instance watching the directory, and the slot it holds.
     watching: Option<(Inotify, ExclusiveLock)>,
-    /// No slot was free: the link is looked at every [`SLOTLESS_POLL`].
-    slotless: bool,
+    /// No slot (or no instance) could be had: the link is looked at every
+    /// [`SLOTLESS_POLL`], and one slot is tried again every [`RECHECK`].
+    slotless: Option<Slotless>,
+}
+
+/// A waiter's turn at the slots while it has none.
+struct Slotless {
+    next_slot: u32,
+    next_try: Instant,
 }
 
 impl DirectoryWatch {
@@ -120,40 +137,62 @@ impl DirectoryWatch {
             directory: link.parent()?.to_path_buf(),
             slots: slots.to_path_buf(),
             watching: None,
-            slotless: false,
+            slotless: None,
         };
-        watch.try_watch();
+        if watch.directory.is_dir() {
+            let slot = take_slot(&watch.slots);
+            watch.watch_with(slot);
+        }
         Some(watch)
     }
 
-    fn try_watch(&mut self) {
-        if !self.directory.is_dir() {
-            return;
-        }
-        let Some(slot) = take_slot(&self.slots) else {
-            self.slotless = true;
-            return;
-        };
+    /// Watches the directory holding `slot`; without a slot, or when the
+    /// kernel gives no instance (EMFILE: the very shortage the slots are
+    /// for), the waiter polls and tries one slot again later.
+    fn watch_with(&mut self, slot: Option<ExclusiveLock>) {
         let changes = AddWatchFlags::IN_CREATE
             | AddWatchFlags::IN_MOVED_TO
             | AddWatchFlags::IN_DELETE
             | AddWatchFlags::IN_MOVED_FROM;
-        self.watching = Inotify::init(InitFlags::IN_CLOEXEC | InitFlags::IN_NONBLOCK)
-            .ok()
-            .filter(|inotify| inotify.add_watch(&self.directory, changes).is_ok())
-            .map(|inotify| (inotify, slot));
+        self.watching = slot.and_then(|slot| {
+            Inotify::init(InitFlags::IN_CLOEXEC | InitFlags::IN_NONBLOCK)
+                .ok()
+                .filter(|inotify| inotify.add_watch(&self.directory, changes).is_ok())
+                .map(|inotify| (inotify, slot))
+        });
+        self.slotless = match (&self.watching, self.slotless.take()) {
+            (Some(_), _) => None,
+            (None, Some(turn)) => Some(Slotless {
+                next_slot: turn.next_slot.wrapping_add(1),
+                next_try: Instant::now() + RECHECK,
+            }),
+            (None, None) => Some(Slotless {
+                next_slot: std::process::id(),
+                next_try: Instant::now() + RECHECK,
+            }),
+        };
     }
 
     /// Returns after a change in the directory, after `timeout`, or when a
     /// signal (a stop request) interrupts the wait.
     fn wait(&mut self, timeout: Duration) {
         let Some((inotify, _slot)) = &self.watching else {
-            if self.slotless {
-                std::thread::sleep(timeout.min(SLOTLESS_POLL));
-            } else {
-                // The directory may exist by now.
-                std::thread::sleep(timeout.min(UNWATCHED_POLL));
-                self.try_watch();
+            match &self.slotless {
+                Some(turn) => {
+                    std::thread::sleep(timeout.min(SLOTLESS_POLL));
+                    if Instant::now() >= turn.next_try {
+                        let slot = take_slot_at(&self.slots, turn.next_slot);
+                        self.watch_with(slot);
+                    }
+                }
+                None => {
+                    // The directory may exist by now.
+                    std::thread::sleep(timeout.min(UNWATCHED_POLL));
+                    if self.directory.is_dir() {
+                        let slot = take_slot(&self.slots);
+                        self.watch_with(slot);
+                    }
+                }
             }
             return;
         };
@@ -216,14 +255,20 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let link = dir.path().join("by-uuid").join("volume");
         let missing = DirectoryWatch::new(&link, dir.path()).expect("a watch");
-        assert!(missing.watching.is_none() && !missing.slotless);
+        assert!(missing.watching.is_none() && missing.slotless.is_none());
         std::fs::create_dir(link.parent().unwrap()).unwrap();
         let held: Vec<_> = (0..INOTIFY_SLOTS)
             .map(|_| take_slot(dir.path()).expect("a free slot"))
             .collect();
-        let slotless = DirectoryWatch::new(&link, dir.path()).expect("a watch");
-        assert!(slotless.watching.is_none() && slotless.slotless);
+        let mut slotless = DirectoryWatch::new(&link, dir.path()).expect("a watch");
+        assert!(slotless.watching.is_none() && slotless.slotless.is_some());
+        // A slot freed later is taken at a later turn.
         drop(held);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while slotless.watching.is_none() {
+            assert!(Instant::now() < deadline, "a freed slot was never taken");
+            slotless.wait(Duration::from_millis(100));
+        }
         let watching = DirectoryWatch::new(&link, dir.path()).expect("a watch");
         assert!(watching.watching.is_some());
     }

@@ -25,6 +25,7 @@ pub fn last_journal_lines(unit: &str, count: usize) -> Vec<String> {
         &format!("--lines={count}"),
         "--output=short-iso",
     ])
+    .unwrap_or_default()
 }
 
 /// The last error a unit's run logged (its program's failure line), found
@@ -33,22 +34,30 @@ pub fn last_journal_lines(unit: &str, count: usize) -> Vec<String> {
 pub fn last_error_of_run(invocation_id: &str) -> Option<String> {
     let filter = format!("_SYSTEMD_INVOCATION_ID={invocation_id}");
     // journald takes a service's output from a stream and may not have
-    // stored its last line yet when the job's end reaches us.
-    for attempt in 0..5 {
-        if attempt > 0 {
-            std::thread::sleep(Duration::from_millis(200));
+    // stored its last line yet when the job's end reaches us: asked again
+    // for up to a second in all (a failed start should not wait longer).
+    let deadline = Instant::now() + Duration::from_secs(1);
+    loop {
+        let found = journalctl(&[
+            "--boot",
+            &filter,
+            "--priority=err",
+            "--lines=1",
+            "--output=cat",
+        ])?;
+        if let Some(line) = found.into_iter().next_back() {
+            return Some(line);
         }
-        let found = journalctl(&[&filter, "--priority=err", "--lines=1", "--output=cat"]).pop();
-        if found.is_some() {
-            return found;
+        if Instant::now() + Duration::from_millis(200) > deadline {
+            return None;
         }
+        std::thread::sleep(Duration::from_millis(200));
     }
-    None
 }
 
 /// What `journalctl ARGS --no-pager --quiet --no-hostname` prints, line by
-/// line; nothing when it fails or takes longer than [`JOURNAL_TIMEOUT`].
-fn journalctl(args: &[&str]) -> Vec<String> {
+/// line; None when it fails or takes longer than [`JOURNAL_TIMEOUT`].
+fn journalctl(args: &[&str]) -> Option<Vec<String>> {
     let child = Command::new("journalctl")
         .args(args)
         .args(["--no-pager", "--quiet", "--no-hostname"])
@@ -57,7 +66,7 @@ fn journalctl(args: &[&str]) -> Vec<String> {
         .stderr(Stdio::null())
         .spawn();
     let Ok(mut child) = child else {
-        return Vec::new();
+        return None;
     };
     // Read on another thread, so a full pipe cannot stall journalctl while
     // we wait for it to exit.
@@ -86,11 +95,13 @@ fn journalctl(args: &[&str]) -> Vec<String> {
     };
     let text = reader.and_then(|r| r.join().ok()).unwrap_or_default();
     if !succeeded {
-        return Vec::new();
+        return None;
     }
-    String::from_utf8_lossy(&text)
-        .lines()
-        .filter(|line| !line.trim().is_empty())
-        .map(str::to_string)
-        .collect()
+    Some(
+        String::from_utf8_lossy(&text)
+            .lines()
+            .filter(|line| !line.trim().is_empty())
+            .map(str::to_string)
+            .collect(),
+    )
 }
