@@ -342,6 +342,12 @@ check_findings() {
         kind=$(sed -n 's/^{"kind":"\([^"]*\)".*/\1/p' <<<"$finding")
         [[ " $required " == *" $kind "* ]] && continue
         [[ -n $(expected_switch) && $finding == *sparse_volume* ]] && continue
+        # The block volumes setup made with the previous release carry the
+        # partition name every block volume had before; check says so.
+        if [[ $kind == shared-partition-name &&
+            ($finding == *"\"uuid\":\"$BLOCK\""* || $finding == *"\"uuid\":\"$B4K\""*) ]]; then
+            continue
+        fi
         fail "after boot $boot: sparse-volume check found $finding (expected no finding but: ${required:-none})"
     done < <(sed 's/{"kind":/\n{"kind":/g' <<<"$out" | grep '^{"kind":')
     log "check after boot $boot: exit 1 naming the corrupt registry file; without it exit $rc, findings: $(grep -o '"kind":"[^"]*"' <<<"$out" | cut -d'"' -f4 | sort | uniq -c | tr -s ' \n' ' ' || true)"
