@@ -941,13 +941,21 @@ fn a_kill_while_binding_leaves_no_device_node_behind() {
     // their directory there (and, killed at the unlink after the open, the
     // node in it).
     let before = private_directories_in_dev();
-    let cli = fx.command(&["attach", &uuid]);
-    let output = std::process::Command::new("strace")
-        .args(["-f", "-qq", "-o", "/dev/null", "-e", "trace=mknod,mknodat"])
-        .args(["-e", "inject=mknod,mknodat:signal=KILL:when=1"])
-        .arg(cli.get_program())
-        .args(["attach", &uuid])
-        .envs(cli.get_envs().filter_map(|(k, v)| Some((k, v?))))
+    let output = fx
+        .wrapped(
+            &[
+                "strace",
+                "-f",
+                "-qq",
+                "-o",
+                "/dev/null",
+                "-e",
+                "trace=mknod,mknodat",
+                "-e",
+                "inject=mknod,mknodat:signal=KILL:when=1",
+            ],
+            &["attach", &uuid],
+        )
         .output()
         .expect("strace");
     assert_eq!(

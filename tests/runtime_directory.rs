@@ -8,26 +8,17 @@ mod common;
 use std::fs;
 use std::os::unix::fs::{symlink, MetadataExt, PermissionsExt};
 use std::path::Path;
-use std::process::Command;
 
 use common::{loops_of, new_uuid, Fixture, Run};
 
 const VICTIM_TEXT: &str = "root's data, not a lock\n";
 
 fn run_under_umask(umask: &str, fx: &Fixture, args: &[&str]) -> Run {
-    let cli = fx.command(args);
-    let output = Command::new("sh")
-        .args(["-c", &format!("umask {umask}; exec \"$0\" \"$@\"")])
-        .arg(cli.get_program())
-        .args(args)
-        .envs(cli.get_envs().filter_map(|(k, v)| Some((k, v?))))
+    let script = format!("umask {umask}; exec \"$0\" \"$@\"");
+    fx.wrapped(&["sh", "-c", &script], args)
         .output()
-        .expect("running sh");
-    Run {
-        code: output.status.code().unwrap_or(-1),
-        stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
-        stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
-    }
+        .expect("running sh")
+        .into()
 }
 
 fn mode_of(path: &Path) -> u32 {

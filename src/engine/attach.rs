@@ -23,7 +23,7 @@ use crate::kernel::udev_link::{wait_for_link, LinkOutcome, CONTROL_SOCKET};
 use crate::registry::device_note;
 use crate::registry::{Registry, Volume};
 use crate::systemd::kernel_cmdline;
-use crate::volume::backing_file::{open_backing_file, refuse_links_below_root};
+use crate::volume::backing_file::open_backing_file;
 use crate::volume::id::VolumeId;
 use crate::volume::probe::{probe, require_identity};
 use crate::volume::spec::Mode;
@@ -146,10 +146,7 @@ pub fn unfit_message(number: u32, differs: &[String]) -> String {
 fn verified_backing(registry: &Registry, id: &VolumeId) -> Result<VerifiedBacking> {
     let (volume, ignored) = registry.require_with_warnings(id)?;
     let path = registry.root().host_path(&volume.path);
-    let linked_root = match registry.storage_root_holding(&path) {
-        Some(root) => refuse_links_below_root(&root, &path)?,
-        None => None,
-    };
+    let linked_root = registry.refuse_links_in_backing_path(&path)?;
     let backing = open_backing_file(&path, volume.read_only)?;
     verify_content(&backing, &volume, &path)?;
     Ok(VerifiedBacking {

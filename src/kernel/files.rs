@@ -182,16 +182,17 @@ impl ExclusiveLock {
         };
         // Counted from the first refusal, so the time the holder's name
         // takes to read is part of the bound.
-        let deadline = limit.map(|limit| Instant::now() + limit);
+        let started = Instant::now();
         let holder = holder_of(&file);
         waiting(&holder);
-        let (Some(limit), Some(deadline)) = (limit, deadline) else {
+        let Some(limit) = limit else {
             let lock = Flock::lock(file, FlockArg::LockExclusive)
                 .map_err(|(_, errno)| errno)
                 .with_context(|| format!("locking {}", path.display()))?;
             return Ok(Self::held(lock, path));
         };
         // Polled, since a blocking flock cannot be given a deadline.
+        let deadline = started + limit;
         let mut file = file;
         let mut pause = Duration::from_millis(1);
         loop {

@@ -27,6 +27,7 @@ pub use volume_file::{
 
 use crate::kernel::files::{write_atomically, ExclusiveLock};
 use crate::registry::paths::{SystemRoot, CONFIG_DIR};
+use crate::volume::backing_file::refuse_links_below_root;
 use crate::volume::id::VolumeId;
 use crate::volume::reference::{check_name_as_reference, VolumeRef};
 
@@ -347,15 +348,23 @@ impl Registry {
         write_atomically(&self.root.volume_file(&volume.id), text.as_bytes(), 0o644)
     }
 
-    /// The configured storage root (as a path on this host) that holds the
-    /// host path `path`, the deepest when roots nest.
-    pub fn storage_root_holding(&self, path: &Path) -> Option<PathBuf> {
-        self.config()
+    /// Refuses the host path `path` of a backing file when it passes
+    /// through a symbolic link below the configured storage root holding
+    /// it; a warning when that storage root is itself a link (see
+    /// [`refuse_links_below_root`]). A path outside every root passes.
+    pub fn refuse_links_in_backing_path(&self, path: &Path) -> Result<Option<String>> {
+        let root = self
+            .config()
             .storage_roots
             .iter()
             .map(|root| self.root.host_path(root))
             .filter(|root| path.starts_with(root))
-            .max_by_key(|root| root.components().count())
+            // The deepest, when roots nest.
+            .max_by_key(|root| root.components().count());
+        match root {
+            Some(root) => refuse_links_below_root(&root, path),
+            None => Ok(None),
+        }
     }
 
     /// Serialises registry read-modify-write and capacity decisions.

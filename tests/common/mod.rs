@@ -25,6 +25,16 @@ pub struct Run {
     pub stderr: String,
 }
 
+impl From<Output> for Run {
+    fn from(output: Output) -> Self {
+        Self {
+            code: output.status.code().unwrap_or(-1),
+            stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
+            stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
+        }
+    }
+}
+
 impl Run {
     pub fn json(&self) -> serde_json::Value {
         serde_json::from_str(&self.stdout)
@@ -194,37 +204,38 @@ impl Fixture {
     }
 
     pub fn run(&self, args: &[&str]) -> Run {
-        let output = self.command(args).output().expect("running sparse-volume");
-        Run {
-            code: output.status.code().unwrap_or(-1),
-            stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
-            stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
-        }
+        self.command(args)
+            .output()
+            .expect("running sparse-volume")
+            .into()
+    }
+
+    /// The CLI with `args` and the fixture's environment, run by `wrapper`
+    /// (`timeout`, `strace`, a shell): `wrapper… sparse-volume args…`.
+    pub fn wrapped(&self, wrapper: &[&str], args: &[&str]) -> Command {
+        let cli = self.command(args);
+        let mut wrapped = Command::new(wrapper[0]);
+        wrapped
+            .args(&wrapper[1..])
+            .arg(cli.get_program())
+            .args(cli.get_args())
+            .envs(cli.get_envs().filter_map(|(k, v)| Some((k, v?))))
+            .env_remove("JOURNAL_STREAM");
+        wrapped
     }
 
     /// [`Fixture::run`] killed after `seconds`: for what must not hang
     /// (a hang shows as code 124, timeout's own).
     pub fn run_within(&self, seconds: u32, args: &[&str]) -> Run {
-        let command = self.command(args);
-        let program = command.get_program().to_owned();
-        let mut bounded = Command::new("timeout");
-        bounded
-            .args(["--kill-after=5", &seconds.to_string()])
-            .arg(program)
-            .args(args)
-            .envs(command.get_envs().filter_map(|(k, v)| Some((k, v?))))
-            .env_remove("JOURNAL_STREAM");
-        let output = bounded.output().expect("running timeout");
-        Run {
-            code: output.status.code().unwrap_or(-1),
-            stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
-            stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
-        }
+        self.wrapped(&["timeout", "--kill-after=5", &seconds.to_string()], args)
+            .output()
+            .expect("running timeout")
+            .into()
     }
 
     /// The CLI as an unprivileged user (nobody), without a bus.
     pub fn run_as_nobody(&self, args: &[&str]) -> Run {
-        let output = Command::new("setpriv")
+        Command::new("setpriv")
             .args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"])
             .arg(env!("CARGO_BIN_EXE_sparse-volume"))
             .args(args)
@@ -232,12 +243,8 @@ impl Fixture {
             .env("DBUS_SYSTEM_BUS_ADDRESS", self.absent_bus())
             .env_remove("JOURNAL_STREAM")
             .output()
-            .expect("running setpriv");
-        Run {
-            code: output.status.code().unwrap_or(-1),
-            stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
-            stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
-        }
+            .expect("running setpriv")
+            .into()
     }
 
     /// Makes the fixture's directories readable by everyone, like /etc and
@@ -470,6 +477,14 @@ impl Fixture {
     }
 }
 
+/// A process's state letter (`R`, `S`, `T` stopped, `Z` ended but not
+/// reaped, ...), which follows its command name in `/proc/PID/stat`; None
+/// once it is gone.
+fn process_state(pid: u32) -> Option<char> {
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat.rsplit_once(") ")?.1.chars().next()
+}
+
 /// Waits until `pid` has ended or sleeps in `flock` (waiting for a lock
 /// somebody holds); true when it sleeps there.
 pub fn ends_or_waits_for_a_lock(pid: u32) -> bool {
@@ -483,12 +498,7 @@ pub fn ends_or_waits_for_a_lock(pid: u32) -> bool {
             Ok(text) if text.split(' ').next() == Some(flock.as_str()) => return true,
             Ok(_) => {}
         }
-        let stat = fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-        if stat
-            .rsplit_once(") ")
-            .and_then(|(_, rest)| rest.chars().next())
-            == Some('Z')
-        {
+        if process_state(pid) == Some('Z') {
             return false;
         }
         assert!(
@@ -513,24 +523,21 @@ impl Stopped {
         stopped
     }
 
+    fn id(&self) -> u32 {
+        self.child.as_ref().expect("running").id()
+    }
+
     fn pid(&self) -> nix::unistd::Pid {
-        let child = self.child.as_ref().expect("running");
-        nix::unistd::Pid::from_raw(child.id() as i32)
+        nix::unistd::Pid::from_raw(self.id() as i32)
     }
 
     fn wait_until_stopped(&self) {
-        let stat = format!("/proc/{}/stat", self.pid());
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
-        loop {
-            let text = fs::read_to_string(&stat).unwrap_or_default();
-            // The state follows the command name in parentheses.
-            let state = text.rsplit_once(") ").map(|(_, rest)| rest.chars().next());
-            if state == Some(Some('T')) {
-                return;
-            }
+        while process_state(self.id()) != Some('T') {
             assert!(
                 std::time::Instant::now() < deadline,
-                "the process never reached its stop point: {text}"
+                "the process never reached its stop point: {:?}",
+                process_state(self.id())
             );
             std::thread::sleep(std::time::Duration::from_millis(10));
         }
@@ -540,29 +547,24 @@ impl Stopped {
     /// the process stops again or never ends).
     pub fn resume(mut self) -> Run {
         nix::sys::signal::kill(self.pid(), nix::sys::signal::Signal::SIGCONT).expect("SIGCONT");
-        let stat = format!("/proc/{}/stat", self.pid());
+        let pid = self.id();
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
         let child = self.child.as_mut().expect("running");
         while child.try_wait().expect("waiting").is_none() {
-            let text = fs::read_to_string(&stat).unwrap_or_default();
-            let state = text
-                .rsplit_once(") ")
-                .and_then(|(_, rest)| rest.chars().next());
-            assert!(state != Some('T'), "stopped again after SIGCONT: {text}");
-            assert!(std::time::Instant::now() < deadline, "never ended: {text}");
+            let state = process_state(pid);
+            assert!(state != Some('T'), "stopped again after SIGCONT");
+            assert!(
+                std::time::Instant::now() < deadline,
+                "never ended: {state:?}"
+            );
             std::thread::sleep(std::time::Duration::from_millis(10));
         }
-        let output = self
-            .child
+        self.child
             .take()
             .expect("running")
             .wait_with_output()
-            .expect("reaping sparse-volume");
-        Run {
-            code: output.status.code().unwrap_or(-1),
-            stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
-            stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
-        }
+            .expect("reaping sparse-volume")
+            .into()
     }
 }
 

@@ -21,7 +21,7 @@ use crate::kernel::loop_device::{self, LoopDevice};
 use crate::registry::paths::SystemRoot;
 use crate::registry::{Registry, Volume};
 use crate::systemd::kernel_cmdline::skip_reason;
-use crate::volume::backing_file::{open_backing_file, refuse_links_below_root};
+use crate::volume::backing_file::open_backing_file;
 use crate::volume::creating_mark::{
     clear_creating_mark, has_creating_mark, is_creating_name, marked_for, CREATING_SUFFIX,
 };
@@ -456,18 +456,16 @@ fn audit_volume(audit: &mut Audit, volume: &Volume) -> Result<()> {
             return Ok(());
         }
     };
-    if let Some(root) = audit.registry.storage_root_holding(&path) {
-        if let Err(refused) = refuse_links_below_root(&root, &path) {
-            audit.report(
-                "linked-directory-in-path",
-                Some(volume),
-                Some(&path),
-                format!(
-                    "{}: {refused:#}; attach refuses it: move the file into a real directory and `sparse-volume register` it there, or make the link's target a storage root of its own",
-                    volume.id
-                ),
-            );
-        }
+    if let Err(refused) = audit.registry.refuse_links_in_backing_path(&path) {
+        audit.report(
+            "linked-directory-in-path",
+            Some(volume),
+            Some(&path),
+            format!(
+                "{}: {refused:#}; attach refuses it: move the file into a real directory and `sparse-volume register` it there, or make the link's target a storage root of its own",
+                volume.id
+            ),
+        );
     }
     let file = match open_backing_file(&path, true) {
         Ok(file) => Some(file),
@@ -548,17 +546,16 @@ fn audit_volume(audit: &mut Audit, volume: &Volume) -> Result<()> {
     // Without root, devices are matched by the path sysfs shows.
     let devices = loop_device::devices_of_file(&path)?;
     let weighed = candidates(&devices, volume);
-    for unfit in weighed.iter().filter(|c| !c.fits) {
-        let differs = LoopDevice::open(unfit.number, false)
-            .ok()
-            .and_then(|device| device.status().ok().flatten())
-            .map(|status| unfit_reasons(&status, volume))
-            .unwrap_or_default();
+    for unfit in weighed.iter().filter(|c| !c.fits()) {
         audit.report(
             "unfit-loop-device",
             Some(volume),
             Some(&path),
-            format!("{}: {}", volume.id, unfit_message(unfit.number, &differs)),
+            format!(
+                "{}: {}",
+                volume.id,
+                unfit_message(unfit.number, &unfit.differs)
+            ),
         );
     }
     if let Some((keep, extra)) = duplicates(&weighed) {
@@ -651,9 +648,16 @@ fn shared_partition_name(audit: &mut Audit, volume: &Volume, file: &fs::File, pa
 struct Candidate {
     number: u32,
     in_use: bool,
-    /// Shows the volume as registered (`engine::attach::unfit_reasons`);
-    /// taken as true when its status cannot be read (without root).
-    fits: bool,
+    /// How it fails to show the volume as registered
+    /// (`engine::attach::unfit_reasons`); empty when it fits, or when its
+    /// status cannot be read (without root).
+    differs: Vec<String>,
+}
+
+impl Candidate {
+    fn fits(&self) -> bool {
+        self.differs.is_empty()
+    }
 }
 
 fn candidates(numbers: &[u32], volume: &Volume) -> Vec<Candidate> {
@@ -662,10 +666,11 @@ fn candidates(numbers: &[u32], volume: &Volume) -> Vec<Candidate> {
         .map(|&number| Candidate {
             number,
             in_use: !users_of_loop(number).is_empty(),
-            fits: LoopDevice::open(number, false)
+            differs: LoopDevice::open(number, false)
                 .ok()
                 .and_then(|device| device.status().ok().flatten())
-                .is_none_or(|status| unfit_reasons(&status, volume).is_empty()),
+                .map(|status| unfit_reasons(&status, volume))
+                .unwrap_or_default(),
         })
         .collect()
 }
@@ -675,10 +680,10 @@ fn candidates(numbers: &[u32], volume: &Volume) -> Vec<Candidate> {
 /// fewer than two, and while a device that does not fit is in use: that
 /// one is reported as unfit, for a person to sort out, and never weighed.
 fn duplicates(candidates: &[Candidate]) -> Option<(u32, Vec<u32>)> {
-    if candidates.iter().any(|c| c.in_use && !c.fits) {
+    if candidates.iter().any(|c| c.in_use && !c.fits()) {
         return None;
     }
-    let fitting: Vec<&Candidate> = candidates.iter().filter(|c| c.fits).collect();
+    let fitting: Vec<&Candidate> = candidates.iter().filter(|c| c.fits()).collect();
     if fitting.len() < 2 {
         return None;
     }

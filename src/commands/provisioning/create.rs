@@ -19,7 +19,6 @@ use crate::hooks::{self, Crash};
 use crate::kernel::block_device::backing_logical_block_size;
 use crate::kernel::files::sync_dir;
 use crate::registry::{check_path, check_size, Registry, Volume};
-use crate::volume::backing_file::refuse_links_below_root;
 use crate::volume::backing_file::{allocate, open_backing_file};
 use crate::volume::creating_mark::{
     clear_creating_mark, creating_path, has_creating_mark, set_creating_mark,
@@ -142,7 +141,7 @@ pub fn create_volume(registry: &Registry, request: &CreateRequest) -> Result<Cre
     let default_path = config.storage_roots[0].join(id.to_string());
     let path = request.path.clone().unwrap_or(default_path);
     check_path(&path, config).map_err(anyhow::Error::msg)?;
-    refuse_linked_directories(registry, &root.host_path(&path))?;
+    registry.refuse_links_in_backing_path(&root.host_path(&path))?;
     check_size(size).map_err(anyhow::Error::msg)?;
     let backing_block_size = backing_logical_block_size(&root.host_path(&path));
     let sector_size = request
@@ -517,16 +516,4 @@ fn default_sector_size(backing_block_size: Option<u32>) -> u32 {
         .copied()
         .find(|&size| size >= backing)
         .unwrap_or(SECTOR_SIZES[SECTOR_SIZES.len() - 1])
-}
-
-/// What attach would refuse, refused before anything is made: a backing
-/// path through a symlinked directory below its storage root.
-pub(super) fn refuse_linked_directories(
-    registry: &Registry,
-    host_path: &std::path::Path,
-) -> Result<()> {
-    if let Some(root) = registry.storage_root_holding(host_path) {
-        refuse_links_below_root(&root, host_path)?;
-    }
-    Ok(())
 }

@@ -7,7 +7,6 @@ use std::path::PathBuf;
 use anyhow::{bail, Result};
 use serde::Serialize;
 
-use super::create;
 use crate::commands::report::{Failure, Outcome, Report};
 use crate::kernel::block_device::backing_logical_block_size;
 use crate::registry::{check_path, check_size, Registry, Volume};
@@ -77,7 +76,7 @@ fn adopt(registry: &Registry, request: &RegisterRequest) -> Result<RegisterRepor
     let root = registry.root();
     let config = registry.provisioning_config()?;
     check_path(&request.path, config).map_err(anyhow::Error::msg)?;
-    create::refuse_linked_directories(registry, &root.host_path(&request.path))?;
+    registry.refuse_links_in_backing_path(&root.host_path(&request.path))?;
     let id = request.uuid;
     let report = |changed, volume: &Volume| RegisterReport {
         changed,
