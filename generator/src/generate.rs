@@ -1,5 +1,5 @@
-//! The generator (systemd.generator(7)): the registry's enabled
-//! volumes as links and drop-ins in the output directory.
+//! The generator (systemd.generator(7)): the registry's volumes as
+//! drop-ins in the output directory, and the enabled ones as links.
 //!
 //! It reads the registry's text and nothing else (no backing file, no
 //! device, no D-Bus: `/var` may not even be mounted yet), and it never
@@ -56,21 +56,28 @@ pub fn generate(normal_dir: &Path) -> ExitCode {
         for warning in &entry.warnings {
             log.warning(&warning.to_string());
         }
-        match entry.volume {
-            Err(e) => log.warning(&format!("{e}; volume skipped")),
-            Ok(volume) if !volume.enabled => {}
-            Ok(volume) if switch.skips(&volume.id).is_some() => {
-                unmatched_skips.retain(|id| *id != volume.id);
-                log.warning(&format!("volume {} skipped: {}", volume.id, Skip::Listed));
+        let volume = match entry.volume {
+            Ok(volume) => volume,
+            Err(e) => {
+                log.warning(&format!("{e}; volume skipped"));
+                continue;
             }
-            Ok(volume) => {
-                if let Err(reason) = plan.add_volume(&volume) {
-                    log.warning(&format!(
-                        "{}: {reason}; volume skipped",
-                        entry.file.display()
-                    ));
-                }
-            }
+        };
+        let skipped = volume.enabled && switch.skips(&volume.id).is_some();
+        if skipped {
+            unmatched_skips.retain(|id| *id != volume.id);
+        }
+        if let Err(reason) = plan.add_volume(&volume) {
+            log.warning(&format!(
+                "{}: {reason}; volume skipped",
+                entry.file.display()
+            ));
+            continue;
+        }
+        if skipped {
+            log.warning(&format!("volume {} skipped: {}", volume.id, Skip::Listed));
+        } else if volume.enabled {
+            plan.attach_at_boot(&volume);
         }
     }
 

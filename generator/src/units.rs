@@ -42,6 +42,7 @@ pub type Outputs = BTreeMap<String, Output>;
 pub struct Plan {
     outputs: Outputs,
     volumes: usize,
+    attached_at_boot: usize,
     /// Where every volume's `.wants` link points, made once.
     template_link: PathBuf,
 }
@@ -51,30 +52,38 @@ impl Default for Plan {
         Self {
             outputs: Outputs::new(),
             volumes: 0,
+            attached_at_boot: 0,
             template_link: Path::new(SYSTEM_UNIT_DIR).join(UNIT_TEMPLATE),
         }
     }
 }
 
 impl Plan {
-    /// Adds the links and drop-in of one enabled volume, or explains why
-    /// the volume cannot be expressed in unit files (then nothing of it is
-    /// added).
+    /// Adds the drop-in of one registered volume, enabled or not, or
+    /// explains why the volume cannot be expressed in unit files (then
+    /// nothing of it is added). Disabled and skipped volumes get it too: one
+    /// may still be attached (`disable` without `--now`, a start by hand),
+    /// and without it a reload would drop the `blockdev@` target that makes
+    /// its consumers unmount before it detaches at shutdown.
     pub fn add_volume(&mut self, volume: &Volume) -> Result<(), String> {
-        let instance = unit_name(&volume.id);
         let dropin = volume_dropin(volume)?;
-        // Wants, not Requires: stopping one volume must not stop the
-        // target and with it every consumer ordered on it.
         self.outputs.insert(
-            [VOLUMES_TARGET, ".wants/", &instance].concat(),
-            Output::Symlink(self.template_link.clone()),
-        );
-        self.outputs.insert(
-            [&instance, ".d/", VOLUME_DROPIN].concat(),
+            [&unit_name(&volume.id), ".d/", VOLUME_DROPIN].concat(),
             Output::File(dropin),
         );
         self.volumes += 1;
         Ok(())
+    }
+
+    /// Pulls a volume added with [`Plan::add_volume`] into the boot.
+    pub fn attach_at_boot(&mut self, volume: &Volume) {
+        // Wants, not Requires: stopping one volume must not stop the
+        // target and with it every consumer ordered on it.
+        self.outputs.insert(
+            [VOLUMES_TARGET, ".wants/", &unit_name(&volume.id)].concat(),
+            Output::Symlink(self.template_link.clone()),
+        );
+        self.attached_at_boot += 1;
     }
 
     /// Everything to write. The target is pulled into the boot only when
@@ -83,10 +92,12 @@ impl Plan {
         if self.volumes == 0 {
             return self.outputs;
         }
-        self.outputs.insert(
-            format!("local-fs.target.wants/{VOLUMES_TARGET}"),
-            Output::Symlink(Path::new(SYSTEM_UNIT_DIR).join(VOLUMES_TARGET)),
-        );
+        if self.attached_at_boot > 0 {
+            self.outputs.insert(
+                format!("local-fs.target.wants/{VOLUMES_TARGET}"),
+                Output::Symlink(Path::new(SYSTEM_UNIT_DIR).join(VOLUMES_TARGET)),
+            );
+        }
         if config.udev_timeout > TEMPLATE_UDEV_WAIT {
             let timeout = config.udev_timeout + START_MARGIN;
             self.outputs.insert(

@@ -73,13 +73,8 @@ on_exit() {
     fi
     if ((rc != 0)); then
         [[ -z $current_phase ]] || vm_log "FAIL in phase '$current_phase' (exit $rc)"
-        if [[ -n $SV_VM_RUN ]] && vm_guest_panicked; then
-            vm_log "the guest kernel panicked in this run; its oops from the serial console:"
-            vm_serial_oops
-            rc=75
-        else
-            vm_serial_tail
-        fi
+        rc=$(vm_status_after_panic "$rc")
+        ((rc == 75)) || vm_serial_tail
     fi
     # Ansible's SSH control masters (ControlPersist) of this run.
     for sock in "${work:-/nonexistent}"/cp/*; do

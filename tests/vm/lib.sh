@@ -382,6 +382,20 @@ vm_guest_panicked() {
     grep -q -s -- 'Kernel panic - not syncing' "$SV_VM_RUN"/serial.log*
 }
 
+# vm_status_after_panic RC: the exit status a VM script ends with after RC:
+# 75 when a guest kernel of this run panicked (its whole oops printed), so
+# that tests/run can tell a panic from a failed check and run that guest
+# once more (a second panic fails the run); else RC.
+vm_status_after_panic() {
+    local rc=$1
+    if ((rc != 0)) && [[ -n $SV_VM_RUN ]] && vm_guest_panicked; then
+        vm_log "the guest kernel panicked in this run; its oops from the serial console:"
+        vm_serial_oops
+        rc=75
+    fi
+    echo "$rc"
+}
+
 # vm_serial_oops: every kernel oops of this run, whole (from its first line
 # to the panic or the end of its trace), for the log: the last lines of the
 # console alone miss where a trace starts and what it is.
@@ -599,6 +613,25 @@ vm_reboot() {
         return 1
     fi
     vm_log "rebooted in $(vm__since "$start") (boot_id $VM__BOOT_ID)"
+}
+
+# vm_power_cut OLD_BOOT_ID: cuts the power (QMP system_reset: the guest
+# loses its memory, page cache and queued requests included, as in a power
+# cut; what it had handed to qemu's disk reaches the image) and returns when
+# SSH answers with a boot_id other than OLD_BOOT_ID. The boot_id is read by
+# the caller beforehand, so the cut comes exactly when it chooses.
+vm_power_cut() {
+    local old=$1 start
+    start=$(vm__now_ms)
+    vm_qmp '{"execute":"system_reset"}' >/dev/null || {
+        vm__fail "QMP system_reset failed"
+        return 1
+    }
+    if ! vm__wait_ssh "$SV_VM_REBOOT_TIMEOUT" "$old"; then
+        vm__fail "guest did not come back within ${SV_VM_REBOOT_TIMEOUT}s after the power cut"
+        return 1
+    fi
+    vm_log "power cut, booted again in $(vm__since "$start") (boot_id $VM__BOOT_ID)"
 }
 
 # vm_restart [APPEND]: clean poweroff, then qemu again on the same disks

@@ -50,16 +50,9 @@ target=${target:-$PWD/target}
 
 # shellcheck source=tests/vm/lib.sh
 . tests/vm/lib.sh
-# A guest kernel that panicked is reported with its whole oops and exit
-# status 75, so tests/run can tell it from a failed check and run that guest
-# once more (a second panic fails the run).
 on_exit() {
-    local rc=$?
-    if ((rc != 0)) && vm_guest_panicked; then
-        vm_log "the guest kernel panicked in this run; its oops from the serial console:"
-        vm_serial_oops
-        rc=75
-    fi
+    local rc
+    rc=$(vm_status_after_panic $?)
     vm_cleanup || true
     exit "$rc"
 }
