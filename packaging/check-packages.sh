@@ -9,7 +9,7 @@
 #   conffiles;
 # - lintian: no error and no warning that lacks a commented override;
 # - every man page renders with `man --warnings` without a diagnostic;
-# - the bash completion parses;
+# - the bash completion parses and completes a subcommand's option values;
 # - no shipped binary carries the test hooks (src/hooks.rs: the names of
 #   their environment variables), which the test build does carry;
 # - the unit's program (/usr/libexec/sparse-volume-unit) and the generator
@@ -219,6 +219,18 @@ check_man_pages() {
         fi
     done
     return "$status"
+}
+
+# The installed bash completion, sourced as bash-completion does, offers
+# a subcommand's options and an option's values (packaging/docgen mends
+# the script clap_complete writes; its tests try more words).
+check_bash_completion() {
+    local script=$1 offered
+    bash -n "$script" || return 1
+    # shellcheck disable=SC2016 # expanded by the inner bash
+    offered=$(bash -c 'source "$1"; COMP_WORDS=(sparse-volume create --fs ""); COMP_CWORD=3
+        _sparse__volume sparse-volume "" --fs; echo "${COMPREPLY[*]}"' bash "$script")
+    field_is "completions of create --fs" "$offered" "ext4 xfs"
 }
 
 # --- maintainer scripts -----------------------------------------------------
@@ -541,8 +553,8 @@ main() {
     check ".deb control fields and conffiles" check_deb_control "$deb" "$version"
     check "lintian: no errors or warnings" check_lintian "$deb"
     check "man pages render without warnings" check_man_pages "$SCRATCH/root"
-    check "bash completion parses" \
-        bash -n "$SCRATCH/root/usr/share/bash-completion/completions/sparse-volume"
+    check "bash completion parses and completes after the subcommand" \
+        check_bash_completion "$SCRATCH/root/usr/share/bash-completion/completions/sparse-volume"
     check "no shipped binary carries the test hooks" check_no_test_hooks "$SCRATCH/root"
     check "the unit's program and the generator have no clap or zbus code" check_lean_boot_binary "$SCRATCH/root"
     check "config.toml is the commented example" \

@@ -15,7 +15,7 @@ use sparse_volume::commands::inspecting::{check, list, metrics, pv, status};
 use sparse_volume::commands::provisioning::{apply, create, register, remove, resize};
 use sparse_volume::commands::running::{attach, detach, enable, start};
 use sparse_volume::registry::paths::SystemRoot;
-use sparse_volume::registry::Registry;
+use sparse_volume::registry::{Registry, ResolvedBy};
 use sparse_volume::volume::id::VolumeId;
 
 const NEEDS_ROOT: &str = "this command needs root (it changes loop devices, backing files or the registry); run it with sudo";
@@ -34,15 +34,20 @@ fn main() -> ExitCode {
     if cli.command.needs_root() && !nix::unistd::geteuid().is_root() {
         return out.fail(NEEDS_ROOT, ExitCode::FAILURE);
     }
-    // A name stands for the one volume that carries it; resolved once, so
-    // every command below works on a UUID.
-    let id = match cli.command.volume().map(|v| (v, registry.resolve(v))) {
-        None => None,
-        Some((_, Ok(id))) => Some(id),
-        Some((volume, Err(error))) => {
-            return out.fail(&format!("{volume}: {error:#}"), ExitCode::FAILURE)
-        }
+    // A name, a device, a path or a beginning of a UUID stands for one
+    // volume; resolved once, so every command below works on a UUID. Each
+    // reason names what was typed already.
+    let resolved = match cli
+        .command
+        .volume()
+        .map(|v| registry.resolve(v))
+        .transpose()
+    {
+        Ok(resolved) => resolved,
+        Err(error) => return out.fail(&format!("{error:#}"), ExitCode::FAILURE),
     };
+    let how = resolved.as_ref().map(|r| r.how.clone());
+    let id = resolved.map(|r| r.id);
     if let Some(id) = &id {
         out.uuid = Some(id.to_string());
         out.doing = cli.command.doing(Some(id));
@@ -50,11 +55,17 @@ fn main() -> ExitCode {
     for warning in registry_warnings(&registry, &cli.command, id.as_ref()) {
         warn(&warning);
     }
-    run(&registry, &cli, id, &mut out)
+    run(&registry, &cli, id, how, &mut out)
 }
 
 /// The dispatch table: one command, one call.
-fn run(registry: &Registry, cli: &Cli, id: Option<VolumeId>, out: &mut Output) -> ExitCode {
+fn run(
+    registry: &Registry,
+    cli: &Cli,
+    id: Option<VolumeId>,
+    how: Option<ResolvedBy>,
+    out: &mut Output,
+) -> ExitCode {
     let dry_run = cli.dry_run;
     // Only read in the arms of commands that name a volume, which `main`
     // resolved or refused.
@@ -68,19 +79,13 @@ fn run(registry: &Registry, cli: &Cli, id: Option<VolumeId>, out: &mut Output) -
             Ok(request) => out.emit(register::register(registry, &request)),
             Err(message) => out.usage(&message),
         },
-        Command::Remove {
-            volume,
-            delete_data,
-        } => {
-            let named = volume.name();
-            out.emit(remove::remove(
-                registry,
-                &id(),
-                named,
-                *delete_data,
-                dry_run,
-            ))
-        }
+        Command::Remove { delete_data, .. } => out.emit(remove::remove(
+            registry,
+            &id(),
+            how.as_ref().unwrap_or(&ResolvedBy::Uuid),
+            *delete_data,
+            dry_run,
+        )),
         Command::Resize { size, .. } => out.emit(resize::resize(registry, &id(), *size, dry_run)),
         Command::Attach { .. } if dry_run => out.emit(attach::plan_attach(registry, &id())),
         Command::Attach { .. } => out.emit(attach::attach(registry, &id())),

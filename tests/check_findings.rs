@@ -309,7 +309,8 @@ fn a_backing_file_of_another_size_than_recorded_is_reported_both_ways() {
         let finding = the_finding(&report, "size-mismatch", "error", Some(&uuid), &path);
         let message = finding["message"].as_str().unwrap();
         assert!(
-            message.contains(&format!("has {actual} bytes, the registry records {SIZE}"))
+            message.contains(&format!("({actual} bytes), the registry records "))
+                && message.contains(&format!("({SIZE} bytes)"))
                 && message.contains(hint),
             "{message}"
         );

@@ -669,3 +669,22 @@ fn check_repairs_duplicates_and_unowned_devices_and_attaches_enabled_volumes() {
     assert_eq!(loops_of(&file).len(), 1);
     fx.run_ok(&["detach", &uuid]);
 }
+
+/// Issue 25, item 8: a repeated create of an attached volume changes
+/// nothing and says where the volume is (it said `device: null`).
+#[test]
+fn a_repeated_create_reports_the_device_of_an_attached_volume() {
+    needs_root!();
+    let fx = Fixture::new();
+    let uuid = new_uuid();
+    let create = ["create", "--size", "16M", "--uuid", &uuid, "--json"];
+    fx.run_ok(&create);
+    fx.run_ok(&["attach", &uuid]);
+    let device = loops_of(&fx.backing(&uuid)).pop().expect("attached");
+    let again = fx.run_ok(&create).json();
+    assert_eq!(again["changed"], false, "{again}");
+    assert_eq!(again["device"], device.as_str(), "{again}");
+    fx.run_ok(&["detach", &uuid]);
+    let detached = fx.run_ok(&create).json();
+    assert_eq!(detached["device"], serde_json::Value::Null, "{detached}");
+}

@@ -1,7 +1,8 @@
 //! Sizes as people write them (`--size 10G`, `reserve = "1GiB"`).
 //!
-//! Properties: `parse_size` accepts exactly `DIGITS [SPACE] [UNIT]` (with
-//! surrounding white space) and returns the exact product, or an error on
+//! Properties: `parse_size` accepts exactly `DIGITS [. DIGITS] [SPACE]
+//! [UNIT]` (with surrounding white space, the unit in any case) where that
+//! makes whole bytes, and returns the exact value, or an error on
 //! overflow, checked against an independent computation in u128; every
 //! u64 written in digits, and in each unit it is a whole multiple of,
 //! parses back to itself; `format_size` renders a value within the
@@ -11,43 +12,58 @@
 use libfuzzer_sys::fuzz_target;
 use sparse_volume::volume::size::{format_size, parse_size};
 
-/// The multiplier a unit spelling means (coreutils' rules), or None.
+/// The multiplier a unit spelling means (coreutils' rules, any case), or
+/// None.
 fn unit(suffix: &str) -> Option<u128> {
-    if suffix.is_empty() || suffix == "b" || suffix == "B" {
+    let suffix = suffix.to_ascii_uppercase();
+    if suffix.is_empty() || suffix == "B" {
         return Some(1);
     }
     let mut chars = suffix.chars();
-    let letter = chars.next()?.to_ascii_uppercase();
+    let letter = chars.next()?;
     let power = "KMGTPE".find(letter)? as u32 + 1;
     match chars.as_str() {
-        "" | "i" | "iB" => Some(1024u128.pow(power)),
+        "" | "I" | "IB" => Some(1024u128.pow(power)),
         "B" => Some(1000u128.pow(power)),
         _ => None,
     }
 }
 
-/// What `text` means, computed without `parse_size`'s code.
+/// What `text` means, computed without `parse_size`'s code: DIGITS
+/// [. DIGITS] [SPACE] [UNIT], whole bytes only.
 fn expected(text: &str) -> Option<u64> {
     let trimmed = text.trim();
-    let digits_end = trimmed
+    let number_end = trimmed
         .bytes()
-        .position(|b| !b.is_ascii_digit())
+        .position(|b| !b.is_ascii_digit() && b != b'.')
         .unwrap_or(trimmed.len());
-    let (digits, rest) = trimmed.split_at(digits_end);
-    if digits.is_empty() {
+    let (number, rest) = trimmed.split_at(number_end);
+    let mut parts = number.split('.');
+    let whole = parts.next()?;
+    let fraction = parts.next();
+    if whole.is_empty() || fraction == Some("") || parts.next().is_some() {
         return None;
     }
-    let significant = digits.trim_start_matches('0');
-    if significant.len() > 20 {
-        return None;
-    }
+    // Trailing zeros of the fraction change nothing, however many.
+    let fraction = fraction.unwrap_or("").trim_end_matches('0');
+    let all = format!("{whole}{fraction}");
+    let significant = all.trim_start_matches('0');
+    // Both refuse as too large what u128 cannot hold: 39 or more
+    // significant digits, or a fraction of 39 or more places (10^39 is
+    // beyond u128), although a rare such input would make whole bytes
+    // (0.000000000001818989403545856475830078125T is 2): nobody writes
+    // a size so.
     let number: u128 = if significant.is_empty() {
         0
     } else {
         significant.parse().ok()?
     };
     let product = number.checked_mul(unit(rest.trim())?)?;
-    u64::try_from(product).ok()
+    let scale = 10u128.checked_pow(u32::try_from(fraction.len()).ok()?)?;
+    if product % scale != 0 {
+        return None;
+    }
+    u64::try_from(product / scale).ok()
 }
 
 /// Unit spellings and the power of 1024 they mean.

@@ -51,8 +51,8 @@ pub enum Command {
     Register(RegisterArgs),
     /// Detach and unregister a volume; keeps its data unless asked.
     Remove {
-        /// The volume: its UUID or its name.
-        #[arg(value_name = "UUID|NAME")]
+        /// The volume: its UUID, its name, the beginning of its UUID (8 or more characters), its loop device or its backing file.
+        #[arg(value_name = "VOLUME")]
         volume: VolumeRef,
         /// Also delete the backing file.
         #[arg(long)]
@@ -60,8 +60,8 @@ pub enum Command {
     },
     /// Grow a volume: file, loop device, partition and file system.
     Resize {
-        /// The volume: its UUID or its name.
-        #[arg(value_name = "UUID|NAME")]
+        /// The volume: its UUID, its name, the beginning of its UUID (8 or more characters), its loop device or its backing file.
+        #[arg(value_name = "VOLUME")]
         volume: VolumeRef,
         /// New size (e.g. 20G); never smaller than the current size.
         #[arg(long, value_parser = parse_size_arg)]
@@ -73,23 +73,24 @@ pub enum Command {
     /// verifies the content carries the volume UUID, and waits for the
     /// udev link when udev runs.
     Attach {
-        /// The volume: its UUID (canonical lowercase form) or its name.
-        #[arg(value_name = "UUID|NAME")]
+        /// The volume: its UUID, its name, the beginning of its UUID (8 or more characters), its loop device or its backing file.
+        #[arg(value_name = "VOLUME")]
         volume: VolumeRef,
     },
     /// Detach a volume's loop device (the unit's ExecStop).
     ///
-    /// Needs no registry entry; a volume that is not attached is success.
+    /// Given by UUID, needs no registry entry; a volume that is not
+    /// attached is success.
     Detach {
-        /// The volume: its UUID (canonical lowercase form) or its name.
-        #[arg(value_name = "UUID|NAME")]
+        /// The volume: its UUID, its name, the beginning of its UUID (8 or more characters), its loop device or its backing file.
+        #[arg(value_name = "VOLUME")]
         volume: VolumeRef,
     },
     /// Enable a volume: set its registry flag and reload systemd, so the
     /// generator makes it attach at every boot.
     Enable {
-        /// The volume: its UUID or its name.
-        #[arg(value_name = "UUID|NAME")]
+        /// The volume: its UUID, its name, the beginning of its UUID (8 or more characters), its loop device or its backing file.
+        #[arg(value_name = "VOLUME")]
         volume: VolumeRef,
         /// Also start its unit now and wait for the result.
         #[arg(long)]
@@ -97,8 +98,8 @@ pub enum Command {
     },
     /// Disable a volume: clear its registry flag and reload systemd.
     Disable {
-        /// The volume: its UUID or its name.
-        #[arg(value_name = "UUID|NAME")]
+        /// The volume: its UUID, its name, the beginning of its UUID (8 or more characters), its loop device or its backing file.
+        #[arg(value_name = "VOLUME")]
         volume: VolumeRef,
         /// Also stop its unit now (detaching it) and wait for the result.
         #[arg(long)]
@@ -106,14 +107,14 @@ pub enum Command {
     },
     /// Start the volume's unit (attach it) and wait for the job result.
     Start {
-        /// The volume: its UUID or its name.
-        #[arg(value_name = "UUID|NAME")]
+        /// The volume: its UUID, its name, the beginning of its UUID (8 or more characters), its loop device or its backing file.
+        #[arg(value_name = "VOLUME")]
         volume: VolumeRef,
     },
     /// Stop the volume's unit (detach it) and wait for the job result.
     Stop {
-        /// The volume: its UUID or its name.
-        #[arg(value_name = "UUID|NAME")]
+        /// The volume: its UUID, its name, the beginning of its UUID (8 or more characters), its loop device or its backing file.
+        #[arg(value_name = "VOLUME")]
         volume: VolumeRef,
     },
     /// Every volume at a glance: name, mode, size, allocation, device, state.
@@ -125,8 +126,8 @@ pub enum Command {
     },
     /// One volume in detail (the same fields as `list`).
     Status {
-        /// The volume: its UUID or its name.
-        #[arg(value_name = "UUID|NAME")]
+        /// The volume: its UUID, its name, the beginning of its UUID (8 or more characters), its loop device or its backing file.
+        #[arg(value_name = "VOLUME")]
         volume: VolumeRef,
     },
     /// Audit the registry against files and loop devices.
@@ -234,11 +235,11 @@ impl ApplyArgs {
 
 #[derive(Debug, Args)]
 pub struct PvArgs {
-    /// The volume: its UUID or its name.
+    /// The volume: its UUID, its name, the beginning of its UUID (8 or more characters), its loop device or its backing file.
     #[arg(
         required_unless_present = "all",
         conflicts_with = "all",
-        value_name = "UUID|NAME"
+        value_name = "VOLUME"
     )]
     pub volume: Option<VolumeRef>,
     /// One PersistentVolume per enabled volume.
@@ -261,7 +262,9 @@ pub struct PvArgs {
 
 #[derive(Debug, Args)]
 pub struct RegisterArgs {
-    #[arg(long)]
+    /// The UUID the backing file's content carries (file system UUID, or
+    /// the GPT partition GUID of a block volume).
+    #[arg(long, value_parser = parse_uuid_arg)]
     pub uuid: VolumeId,
     /// Backing file path, inside a storage root.
     #[arg(long)]
@@ -304,7 +307,7 @@ impl RegisterArgs {
 
 #[derive(Debug, Args)]
 pub struct CreateArgs {
-    /// Size (4096, 512M, 10G, 1TiB); rounded up to whole MiB.
+    /// Size (4096, 512M, 1.5G, 10GiB, 1TB: K to E in any case, KB… for powers of 1000); rounded up to whole MiB.
     #[arg(long, value_parser = parse_size_arg)]
     pub size: u64,
     #[arg(long, value_enum, default_value_t = ModeKind::Filesystem)]
@@ -313,7 +316,7 @@ pub struct CreateArgs {
     #[arg(long = "fs", value_enum)]
     pub fs_type: Option<FsType>,
     /// Volume UUID; a new one is chosen (and reported) when omitted.
-    #[arg(long)]
+    #[arg(long, value_parser = parse_uuid_arg)]
     pub uuid: Option<VolumeId>,
     /// Free-text label.
     #[arg(long)]
@@ -400,6 +403,12 @@ fn parse_size_arg(text: &str) -> Result<u64, String> {
         0 => Err("the size must be greater than zero".into()),
         size => Ok(size),
     }
+}
+
+/// A UUID in its hyphenated form, in any case (as on the kernel command
+/// line); stored and shown in lower case.
+fn parse_uuid_arg(text: &str) -> Result<VolumeId, String> {
+    text.to_ascii_lowercase().parse()
 }
 
 fn parse_sector_size(text: &str) -> Result<u32, String> {

@@ -7,6 +7,7 @@ mod config;
 pub mod device_note;
 mod error;
 mod lenient;
+mod lookup;
 pub mod paths;
 pub mod run_dir;
 mod trust;
@@ -29,7 +30,7 @@ use crate::kernel::files::{write_atomically, ExclusiveLock};
 use crate::registry::paths::{SystemRoot, CONFIG_DIR};
 use crate::volume::backing_file::refuse_links_below_root;
 use crate::volume::id::VolumeId;
-use crate::volume::reference::{check_name_as_reference, VolumeRef};
+use crate::volume::reference::{check_name_to_give, VolumeRef};
 
 pub struct Registry {
     root: SystemRoot,
@@ -300,31 +301,61 @@ impl Registry {
     /// Refuses to give `name` to volume `id` when another volume has it.
     /// Call under [`Registry::lock`], so that no create can take the name
     /// between this check and the write.
+    /// A name the volume already carries stays its own, even one that a
+    /// newer version would not give (see [`check_name_to_give`]).
     pub fn ensure_name_free(&self, name: &str, id: &VolumeId) -> Result<()> {
-        check_name_as_reference(name).map_err(anyhow::Error::msg)?;
         match self.volume_named(name)? {
             Some(other) if other.id != *id => bail!(
                 "the name {name:?} is already given to volume {}; a name names one volume on a node",
                 other.id
             ),
-            _ => Ok(()),
+            Some(_) => Ok(()),
+            None => check_name_to_give(name).map_err(anyhow::Error::msg),
         }
     }
 
-    /// The UUID a command's volume argument stands for. A UUID stands for
-    /// itself, registered or not (detach needs no entry); a name must
-    /// name exactly one registered volume.
-    pub fn resolve(&self, volume: &VolumeRef) -> Result<VolumeId> {
-        let name = match volume {
-            VolumeRef::Id(id) => return Ok(*id),
+    /// The volume a command's volume argument stands for. A UUID stands
+    /// for itself, registered or not (detach needs no entry); a name must
+    /// name exactly one registered volume; failing that, a loop device,
+    /// a backing path or the beginning of a UUID names the one volume it
+    /// belongs to ([`lookup`]). A name that also reads as one of those and
+    /// reaches another volume that way is refused: an older version gave
+    /// such names.
+    pub fn resolve(&self, volume: &VolumeRef) -> Result<Resolved> {
+        let text = match volume {
+            VolumeRef::Id(id) => {
+                return Ok(Resolved {
+                    id: *id,
+                    how: ResolvedBy::Uuid,
+                })
+            }
             VolumeRef::Name(name) => name,
         };
-        if let Some(volume) = self.volume_named(name)? {
-            return Ok(volume.id);
+        let looking_up = || format!("looking up {text:?}");
+        if let Some(volume) = self.volume_named(text).with_context(looking_up)? {
+            if let Ok(Some((other, _))) = self.resolve_other_than_by_name(text) {
+                if other != volume.id {
+                    bail!(
+                        "{text:?} is the name of volume {} and also reaches volume {other} as {}; name the one meant by its UUID",
+                        volume.id,
+                        if text.contains('/') || text.starts_with("loop") { "a device or path" } else { "the beginning of its UUID" }
+                    );
+                }
+            }
+            return Ok(Resolved {
+                id: volume.id,
+                how: ResolvedBy::Name(text.clone()),
+            });
         }
-        match &self.directory_problem {
-            Some(problem) => Err(problem.clone().into()),
-            None => bail!("no volume is named {name:?}"),
+        if let Some(problem) = &self.directory_problem {
+            return Err(anyhow::Error::from(problem.clone()).context(looking_up()));
+        }
+        match self.resolve_other_than_by_name(text)? {
+            Some((id, how)) => Ok(Resolved { id, how }),
+            None if text.starts_with('/') => {
+                bail!("no volume is named {text:?}, and it is no registered volume's backing file (`sparse-volume list` shows every volume)")
+            }
+            None => bail!("no volume is named {text:?} (`sparse-volume list` shows every volume)"),
         }
     }
 
@@ -378,6 +409,26 @@ impl Registry {
     pub fn volume_lock(root: &SystemRoot, id: &VolumeId) -> Result<ExclusiveLock> {
         run_dir::lock(root, &format!("{id}.lock"))
     }
+}
+
+/// What a command's volume argument stood for, and how it was found.
+#[derive(Debug, Clone)]
+pub struct Resolved {
+    pub id: VolumeId,
+    pub how: ResolvedBy,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ResolvedBy {
+    Uuid,
+    /// By this name: a command that acts under the lock checks that the
+    /// volume still carries it (it may have been renamed meanwhile).
+    Name(String),
+    /// By the loop device it was attached to: a command that acts under
+    /// the lock checks that the device still holds it.
+    Device(u32),
+    Path,
+    UuidPrefix,
 }
 
 /// `config.toml` read like a volume file: refused when anyone but root

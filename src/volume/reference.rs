@@ -1,7 +1,9 @@
-//! How a command names a volume: by UUID, or by the name it was given.
-//! A name is an identity too (config management converges a volume by
-//! name without knowing its UUID), so it must never be mistaken for a
-//! UUID, and must name one volume only.
+//! How a command names a volume: by UUID (in any case), or by anything
+//! else the registry resolves (`Registry::resolve`): the name it was
+//! given, the beginning of its UUID that `list` shows, its loop device or
+//! its backing file's path. A name is an identity too (config management
+//! converges a volume by name without knowing its UUID), so it must never
+//! be mistaken for any of the others, and must name one volume only.
 
 use std::fmt;
 use std::str::FromStr;
@@ -19,24 +21,15 @@ pub enum VolumeRef {
 impl FromStr for VolumeRef {
     type Err = String;
 
-    /// Anything that reads as a UUID is one, and must then be canonical:
-    /// a non-canonical spelling is a mistake, not a name.
+    /// Anything that reads as a UUID is one. The hyphenated form may be
+    /// written in any case, as on the kernel command line; other forms
+    /// (braces, no hyphens) are a mistake, not a name.
     fn from_str(text: &str) -> Result<Self, Self::Err> {
         if Uuid::try_parse(text).is_ok() {
-            return text.parse().map(VolumeRef::Id);
+            return text.to_ascii_lowercase().parse().map(VolumeRef::Id);
         }
         check_name_as_reference(text)?;
         Ok(VolumeRef::Name(text.to_string()))
-    }
-}
-
-impl VolumeRef {
-    /// The name the volume was given by, if it was named that way.
-    pub fn name(&self) -> Option<&str> {
-        match self {
-            VolumeRef::Name(name) => Some(name),
-            VolumeRef::Id(_) => None,
-        }
     }
 }
 
@@ -70,6 +63,56 @@ pub fn check_name_as_reference(name: &str) -> Result<(), String> {
     Ok(())
 }
 
+/// How many characters of a UUID at least name a volume by its beginning:
+/// as many as `list` shows for an unnamed volume, and more than a word
+/// made of hex digits usually has.
+pub const MIN_UUID_PREFIX: usize = 8;
+
+/// Whether `text` could be the beginning of a UUID that names a volume:
+/// hex digits, with hyphens exactly where the canonical form has them (so
+/// that `2024-01-01` stays a name).
+pub fn reads_as_uuid_prefix(text: &str) -> bool {
+    (MIN_UUID_PREFIX..36).contains(&text.len())
+        && text.chars().enumerate().all(|(i, c)| match i {
+            8 | 13 | 18 | 23 => c == '-',
+            _ => c.is_ascii_hexdigit(),
+        })
+}
+
+/// Whether `text` names a loop device or one of its partitions the short
+/// way (`loop0`, `loop0p1`), as `lsblk` shows them.
+pub fn reads_as_loop_device(text: &str) -> bool {
+    let Some(rest) = text.strip_prefix("loop") else {
+        return false;
+    };
+    let (number, partition) = rest.split_once('p').unwrap_or((rest, "0"));
+    [number, partition]
+        .iter()
+        .all(|digits| !digits.is_empty() && digits.chars().all(|c| c.is_ascii_digit()))
+}
+
+/// What a name newly given to a volume must also not be: anything a
+/// command would read as another way of naming a volume.
+pub fn check_name_to_give(name: &str) -> Result<(), String> {
+    check_name_as_reference(name)?;
+    if name.starts_with('/') {
+        return Err(format!(
+            "the name {name:?} reads as a path (a backing file or a device names its volume); a name must not start with /"
+        ));
+    }
+    if reads_as_loop_device(name) {
+        return Err(format!(
+            "the name {name:?} reads as a loop device, which names the volume it holds; choose another name"
+        ));
+    }
+    if reads_as_uuid_prefix(name) {
+        return Err(format!(
+            "the name {name:?} reads as the beginning of a UUID ({MIN_UUID_PREFIX} or more of its characters), which names the volume whose UUID it begins; choose another name"
+        ));
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -85,9 +128,31 @@ mod tests {
             "pg-data".parse::<VolumeRef>(),
             Ok(VolumeRef::Name("pg-data".into()))
         );
-        // Upper case reads as a UUID, so it is refused, not taken as a name.
-        assert!(id.to_uppercase().parse::<VolumeRef>().is_err());
+        // Upper case is the same UUID; braces are a mistake, not a name.
+        assert_eq!(
+            id.to_uppercase().parse::<VolumeRef>(),
+            Ok(VolumeRef::Id(id.parse().expect("canonical")))
+        );
+        assert!(format!("{{{id}}}").parse::<VolumeRef>().is_err());
         assert!("".parse::<VolumeRef>().is_err());
         assert!(" ".parse::<VolumeRef>().is_err());
+    }
+
+    #[test]
+    fn names_that_would_read_as_another_reference_are_not_given() {
+        for name in ["2183af89", "2183af89-0000", "/srv/pg", "loop7", "loop7p1"] {
+            assert!(check_name_to_give(name).is_err(), "{name}");
+        }
+        for name in [
+            "pg-data",
+            "cafe",
+            "loop",
+            "loopy",
+            "2183af8",
+            "pg-2183af89",
+            "2024-01-01",
+        ] {
+            assert_eq!(check_name_to_give(name), Ok(()), "{name}");
+        }
     }
 }

@@ -131,7 +131,8 @@ def list_():
 
 def status(volume):
     """
-    One volume, by UUID or name, as ``sparse-volume status --json`` reports it.
+    One volume, by UUID, name, the beginning of its UUID, its loop device
+    or its backing path, as ``sparse-volume status --json`` reports it.
 
     .. code-block:: bash
 

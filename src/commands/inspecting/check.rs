@@ -500,9 +500,11 @@ fn audit_volume(audit: &mut Audit, volume: &Volume) -> Result<()> {
             Some(volume),
             Some(&path),
             format!(
-                "{}: the file has {} bytes, the registry records {} ({hint})",
+                "{}: the file has {} ({} bytes), the registry records {} ({} bytes): {hint}",
                 volume.id,
+                format_size(meta.len()),
                 meta.len(),
+                format_size(volume.size),
                 volume.size
             ),
         );

@@ -12,7 +12,7 @@ use nix::fcntl::{renameat2, RenameFlags};
 use serde::Serialize;
 
 use crate::commands::report::{Failure, Outcome, Report};
-use crate::engine::activate::bring_up_now;
+use crate::engine::activate::{attached_devices, bring_up_now};
 use crate::engine::attach::sector_size_blocks_direct_io;
 use crate::engine::capacity;
 use crate::hooks::{self, Crash};
@@ -122,6 +122,14 @@ pub fn create(registry: &Registry, request: &CreateRequest) -> Outcome<CreateRep
         report.changed |= activation.changed;
         report.device = activation.device;
         report.note = Some(activation.how);
+    } else if !report.changed {
+        // A repeated create says where the volume is, as `--now` does.
+        report.device = report
+            .uuid
+            .parse()
+            .ok()
+            .and_then(|id: VolumeId| attached_devices(registry, &id).ok())
+            .and_then(|devices| devices.into_iter().next());
     }
     Ok(report)
 }

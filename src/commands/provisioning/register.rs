@@ -13,6 +13,7 @@ use crate::registry::{check_path, check_size, Registry, Volume};
 use crate::volume::backing_file::open_backing_file;
 use crate::volume::id::VolumeId;
 use crate::volume::probe::{identifies, probe, Content};
+use crate::volume::size::format_size;
 use crate::volume::spec::{FsType, Mode, DEFAULT_SECTOR_SIZE};
 
 /// What the caller says the file holds; left open is read from it.
@@ -51,8 +52,9 @@ impl Report for RegisterReport {
     fn human(&self) -> String {
         if self.changed {
             format!(
-                "registered {} ({} bytes at {})",
+                "registered {} ({}, {} bytes) at {}",
                 self.uuid,
+                format_size(self.size),
                 self.size,
                 self.path.display()
             )

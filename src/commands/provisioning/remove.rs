@@ -17,8 +17,8 @@ use crate::engine::activate::{
 use crate::engine::detach::detach_locked;
 use crate::hooks::{self, Crash};
 use crate::kernel::files::sync_dir;
-use crate::kernel::loop_device::devices_backed_by;
-use crate::registry::{Registry, Volume};
+use crate::kernel::loop_device::{devices_backed_by, devices_of_file};
+use crate::registry::{Registry, ResolvedBy, Volume};
 use crate::volume::backing_file::open_backing_file;
 use crate::volume::creating_mark::clear_creating_mark;
 use crate::volume::id::VolumeId;
@@ -49,17 +49,23 @@ impl Report for RemoveReport {
 
 /// With `dry_run`, the checks (the file is this volume's, nothing has the
 /// volume mounted) run under the same lock, and nothing changes.
-/// `named`: the name the caller found the volume by, checked again under
-/// the lock: a name that moved to another volume meanwhile must not remove
-/// (or delete the data of) the volume it named before.
+/// `how`: how the caller found the volume, checked again under the lock:
+/// a name that moved to another volume meanwhile, or a device that now
+/// holds another one, must not remove (or delete the data of) the volume
+/// it stood for before.
 pub fn remove(
     registry: &Registry,
     id: &VolumeId,
-    named: Option<&str>,
+    how: &ResolvedBy,
     delete_data: bool,
     dry_run: bool,
 ) -> Outcome<RemoveReport> {
-    remove_volume(registry, id, named, delete_data, dry_run).map_err(Failure::Unchanged)
+    let (named, on_device) = match how {
+        ResolvedBy::Name(name) => (Some(name.as_str()), None),
+        ResolvedBy::Device(number) => (None, Some(*number)),
+        _ => (None, None),
+    };
+    remove_volume(registry, id, named, on_device, delete_data, dry_run).map_err(Failure::Unchanged)
 }
 
 /// [`remove`] as a step of `apply`.
@@ -67,6 +73,7 @@ pub fn remove_volume(
     registry: &Registry,
     id: &VolumeId,
     named: Option<&str>,
+    on_device: Option<u32>,
     delete_data: bool,
     dry_run: bool,
 ) -> Result<RemoveReport> {
@@ -78,6 +85,13 @@ pub fn remove_volume(
             bail!(
                 "volume {id} is named {:?}, not {name:?} (renamed meanwhile?); nothing was removed",
                 volume.name.as_deref().unwrap_or_default()
+            );
+        }
+    }
+    if let (Some(number), Some(volume)) = (on_device, &entry) {
+        if !devices_of_file(&root.host_path(&volume.path))?.contains(&number) {
+            bail!(
+                "/dev/loop{number} no longer holds volume {id} (detached or bound again meanwhile?); nothing was removed"
             );
         }
     }

@@ -145,7 +145,14 @@ impl Label {
 
 /// The labels of `volumes`, in their order.
 pub fn labels(volumes: &[VolumeInfo]) -> Vec<Label> {
-    let uuids: Vec<&str> = volumes.iter().map(|v| v.uuid.as_str()).collect();
+    // A short id is typed back as the beginning of a UUID: it must begin
+    // no other volume's UUID and be no volume's name (an older version
+    // gave names such as `2183af89`).
+    let taken: Vec<&str> = volumes
+        .iter()
+        .map(|v| v.uuid.as_str())
+        .chain(volumes.iter().filter_map(|v| v.name.as_deref()))
+        .collect();
     volumes
         .iter()
         .map(|v| {
@@ -157,7 +164,7 @@ pub fn labels(volumes: &[VolumeInfo]) -> Vec<Label> {
                     .count()
                     > 1;
             Label {
-                id: (name.is_empty() || shared).then(|| short_id(&v.uuid, &uuids)),
+                id: (name.is_empty() || shared).then(|| short_id(&v.uuid, &taken)),
                 name,
             }
         })
@@ -165,7 +172,8 @@ pub fn labels(volumes: &[VolumeInfo]) -> Vec<Label> {
 }
 
 /// The shortest run of whole groups of `uuid` (at least the first, of
-/// [`SHORT_ID`] digits) that no other of `all` starts with.
+/// [`SHORT_ID`] digits) that no other of `all` (UUIDs and names) starts
+/// with.
 pub fn short_id(uuid: &str, all: &[&str]) -> String {
     let ends = (SHORT_ID.min(uuid.len())..=uuid.len())
         .filter(|&end| end == uuid.len() || uuid.as_bytes()[end] == b'-');
@@ -219,6 +227,8 @@ mod tests {
         let d = "6f1c2a8e-3b4d-4e5f-8a9b-0c1d2e3f4a5c";
         assert_eq!(short_id(d, &[a, d]), d);
         assert_eq!(short_id(b, &[a, b, c]), "6f1c2a8e-3b4e");
+        // A volume named like the short id: one more group.
+        assert_eq!(short_id(c, &[c, "0e2f7c5a"]), &c[..13]);
     }
 
     #[test]

@@ -573,6 +573,7 @@ impl Converge<'_> {
             self.registry,
             &volume.id,
             self.desired.name.as_deref(),
+            None,
             self.desired.delete_data,
             self.dry_run,
         )?;
