@@ -378,7 +378,8 @@ fn usage_errors_exit_with_status_two() {
         &["attach"][..],
         // Anything else is a name, but an empty one names nothing.
         &["attach", ""],
-        &["detach", "6F1C2A8E-3B4D-4E5F-8A9B-0C1D2E3F4A5B"],
+        // A UUID in braces: a mistake, not a name (upper case is fine).
+        &["detach", "{6f1c2a8e-3b4d-4e5f-8a9b-0c1d2e3f4a5b}"],
         &["frobnicate"],
     ] {
         let run = fx.run(args);
