@@ -95,17 +95,20 @@ impl Registry {
                 (backing, holders)
             }
         };
-        match holders.as_slice() {
-            [volume] => Ok((volume.id, number)),
-            [] => bail!(
+        let holders: Vec<VolumeId> = holders.iter().map(|volume| volume.id).collect();
+        let holder = at_most_one(&holders, |several| {
+            format!(
+                "/dev/loop{number} is bound to the backing file of {several}; name one by its UUID"
+            )
+        })?;
+        match holder {
+            Some(id) => Ok((id, number)),
+            None => {
+                bail!(
                 "/dev/loop{number} is bound to {}, which is no registered volume's backing file",
                 if backing.is_empty() { "a file" } else { &backing }
-            ),
-            several => bail!(
-                "/dev/loop{number} is bound to the backing file of {} volumes ({}); name one by its UUID",
-                several.len(),
-                ids(several)
-            ),
+            )
+            }
         }
     }
 
@@ -162,14 +165,6 @@ fn backing_file_of(number: u32) -> String {
 
 fn canonical(path: &Path) -> PathBuf {
     fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf())
-}
-
-fn ids(volumes: &[&Volume]) -> String {
-    volumes
-        .iter()
-        .map(|volume| volume.id.to_string())
-        .collect::<Vec<_>>()
-        .join(", ")
 }
 
 /// The one volume found, none, or an error made by `ambiguity` from "N

@@ -333,12 +333,15 @@ impl Registry {
         };
         let looking_up = || format!("looking up {text:?}");
         if let Some(volume) = self.volume_named(text).with_context(looking_up)? {
-            if let Ok(Some((other, _))) = self.resolve_other_than_by_name(text) {
+            if let Ok(Some((other, how))) = self.resolve_other_than_by_name(text) {
                 if other != volume.id {
                     bail!(
                         "{text:?} is the name of volume {} and also reaches volume {other} as {}; name the one meant by its UUID",
                         volume.id,
-                        if text.contains('/') || text.starts_with("loop") { "a device or path" } else { "the beginning of its UUID" }
+                        match how {
+                            ResolvedBy::UuidPrefix => "the beginning of its UUID",
+                            _ => "a device or path",
+                        }
                     );
                 }
             }
