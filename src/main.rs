@@ -10,24 +10,35 @@ use clap::Parser;
 use sparse_volume::cli::args::{Cli, Command};
 use sparse_volume::cli::logging;
 use sparse_volume::cli::output::{warn, Output};
+use sparse_volume::cli::usage::usage_error;
 use sparse_volume::cli::warnings::registry_warnings;
 use sparse_volume::commands::inspecting::{check, list, metrics, pv, status};
+use sparse_volume::commands::provisioning::remove::RemoveReport;
 use sparse_volume::commands::provisioning::{apply, create, register, remove, resize};
 use sparse_volume::commands::running::{attach, detach, enable, start};
 use sparse_volume::registry::paths::SystemRoot;
-use sparse_volume::registry::{Registry, ResolvedBy};
+use sparse_volume::registry::{NoSuchVolume, Registry, ResolvedBy};
 use sparse_volume::volume::id::VolumeId;
 
 const NEEDS_ROOT: &str = "this command needs root (it changes loop devices, backing files or the registry); run it with sudo";
 
 fn main() -> ExitCode {
-    // clap exits with status 2 on usage errors, as the contract asks.
-    let cli = Cli::parse();
+    // Usage errors exit with status 2, as the contract asks.
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(error) => {
+            let args: Vec<String> = std::env::args_os()
+                .skip(1)
+                .map(|arg| arg.to_string_lossy().into_owned())
+                .collect();
+            return usage_error(error, &args);
+        }
+    };
     logging::init(cli.verbose);
     let registry = Registry::open(SystemRoot::from_env());
     let mut out = Output {
         json: cli.json,
-        dry_run: cli.dry_run,
+        dry_run: cli.command.dry_run(),
         uuid: cli.command.new_uuid().map(|id| id.to_string()),
         doing: cli.command.doing(None),
     };
@@ -44,7 +55,16 @@ fn main() -> ExitCode {
         .transpose()
     {
         Ok(resolved) => resolved,
-        Err(error) => return out.fail(&format!("{error:#}"), ExitCode::FAILURE),
+        Err(error) => {
+            // Removed already: a repeated remove by name succeeds, as one
+            // by UUID does, and says that nothing answered.
+            if let (Command::Remove { .. }, Some(missing)) =
+                (&cli.command, error.downcast_ref::<NoSuchVolume>())
+            {
+                return out.emit(Ok(RemoveReport::nothing_answers_to(missing)));
+            }
+            return out.fail(&format!("{error:#}"), ExitCode::FAILURE);
+        }
     };
     let how = resolved.as_ref().map(|r| r.how.clone());
     let id = resolved.map(|r| r.id);
@@ -66,7 +86,7 @@ fn run(
     how: Option<ResolvedBy>,
     out: &mut Output,
 ) -> ExitCode {
-    let dry_run = cli.dry_run;
+    let dry_run = cli.command.dry_run();
     // Only read in the arms of commands that name a volume, which `main`
     // resolved or refused.
     let id = || id.expect("every command that names a volume resolved it");
@@ -92,7 +112,7 @@ fn run(
         Command::Detach { .. } if dry_run => out.emit(detach::plan_detach(registry, &id())),
         Command::Detach { .. } => out.emit(detach::detach(registry, &id())),
         // A dry run of a repair is the audit: it lists what a repair fixes.
-        Command::Check { repair } => out.emit(check::check(registry, *repair && !dry_run)),
+        Command::Check { repair, .. } => out.emit(check::check(registry, *repair && !dry_run)),
         Command::Enable { now, .. } => out.emit(enable::enable(registry, &id(), *now, dry_run)),
         Command::Disable { now, .. } => out.emit(enable::disable(registry, &id(), *now, dry_run)),
         Command::Start { .. } => out.emit(start::start(registry, &id(), dry_run)),

@@ -274,12 +274,7 @@ fn every_state_changing_command_dry_runs_like_it_runs() {
     assert_eq!(foreign.code, 1);
 
     // Without systemd these are refused, and the dry run says so too.
-    for args in [
-        &["enable", "beta"][..],
-        &["disable", "beta", "--now"],
-        &["start", "beta"],
-        &["stop", "beta"],
-    ] {
+    for args in [&["start", "beta"][..], &["stop", "beta"]] {
         let (_, run) = dry_then_real(&fx, args);
         assert_eq!(run.code, 1, "{args:?}");
     }
@@ -426,6 +421,41 @@ fn apply_with_flags_and_now_attaches_and_detaches_without_systemd() {
     assert!(!fx.backing(&uuid).exists());
 }
 
+/// Issue 25, item 13: without systemd, `enable`/`disable` and `apply
+/// --enabled` do the same: write the flag (the generator reads it at the
+/// next boot) and say that nothing was reloaded; with `--now` they attach
+/// and detach directly, as `apply --now` always did.
+#[test]
+fn enable_and_disable_without_systemd_do_what_apply_does() {
+    needs_root!();
+    let fx = Fixture::new();
+    let created = fx.run_ok(&["create", "--size", "16M", "--name", "pg", "--json"]);
+    let uuid = created.json()["uuid"].as_str().expect("uuid").to_string();
+    let enabled = |fx: &Fixture| registry_entry(fx, &uuid)["enabled"].as_bool();
+    let (_, disabled) = dry_then_real(&fx, &["disable", "pg"]);
+    assert_eq!(disabled.code, 0, "{}", disabled.stderr);
+    assert_eq!(enabled(&fx), Some(false));
+    assert!(
+        disabled.stderr.contains("at the next boot"),
+        "no word that nothing was reloaded: {}",
+        disabled.stderr
+    );
+    let (_, applied) = dry_then_real(&fx, &["apply", "--name", "pg", "--enabled", "true"]);
+    assert_eq!(enabled(&fx), Some(true));
+    assert!(
+        applied.stderr.contains("at the next boot"),
+        "apply says less than disable: {}",
+        applied.stderr
+    );
+    let (_, now) = dry_then_real(&fx, &["enable", "pg", "--now"]);
+    assert_eq!(now.code, 0, "{}", now.stderr);
+    assert_eq!(loops_of(&fx.backing(&uuid)).len(), 1);
+    let (_, down) = dry_then_real(&fx, &["disable", "pg", "--now"]);
+    assert_eq!(down.code, 0, "{}", down.stderr);
+    assert!(loops_of(&fx.backing(&uuid)).is_empty());
+    assert_eq!(enabled(&fx), Some(false));
+}
+
 #[test]
 fn a_dry_run_refuses_what_the_real_run_refuses_mounted_and_out_of_space() {
     needs_root!();
@@ -460,7 +490,11 @@ fn a_dry_run_refuses_what_the_real_run_refuses_mounted_and_out_of_space() {
     );
     let _ = Command::new("umount").arg(&mount_point).status();
     assert_eq!(mounted.code, 1);
-    assert!(mounted.stderr.contains("in use"), "{}", mounted.stderr);
+    assert!(
+        mounted.stderr.contains("is mounted on") && mounted.stderr.contains("unmount it first"),
+        "{}",
+        mounted.stderr
+    );
     assert_eq!(stop.code, 1);
     assert!(fx.registry_file(&uuid).exists());
     // The refused stop left the flag as it was, not half a change.
@@ -492,11 +526,14 @@ fn a_name_names_one_volume_and_every_command_takes_it() {
     assert_eq!(taken.code, 1);
     assert!(taken.stderr.contains(&uuid), "{}", taken.stderr);
     let uuid_like = fx.run(&["create", "--size", "64M", "--name", &new_uuid()]);
+    // A usage error, as in apply (issue 25, item 16).
     assert_eq!(
-        uuid_like.code, 1,
+        uuid_like.code, 2,
         "a name that reads as a UUID: {}",
         uuid_like.stderr
     );
+    let applied = fx.run(&["apply", "--size", "64M", "--name", &new_uuid()]);
+    assert_eq!(applied.code, 2, "{}", applied.stderr);
 
     fx.run_ok(&["status", "pg-data"]);
     fx.run_ok(&["resize", "pg-data", "--size", "80M"]);

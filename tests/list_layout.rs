@@ -480,3 +480,30 @@ fn every_file_system_holding_volumes_gets_a_footer_line() {
     let json = list(&fx, None, &["--json"]).json();
     assert_eq!(json["storage_roots"].as_array().unwrap().len(), 1, "{json}");
 }
+
+/// Issue 25, item 11: without root, the backing files in a storage root
+/// that only root may enter cannot be read: one line says so, not one per
+/// volume.
+#[test]
+fn a_listing_without_root_says_once_what_it_could_not_read() {
+    needs_root!();
+    let fx = Fixture::new();
+    for name in ["a", "b", "c"] {
+        fx.run_ok(&["create", "--size", "16M", "--name", name]);
+    }
+    fx.open_directories_to_everyone();
+    std::fs::set_permissions(
+        fx.host("/var/lib/sparse-volume"),
+        std::os::unix::fs::PermissionsExt::from_mode(0o700),
+    )
+    .unwrap();
+    let run = fx.run_as_nobody(&["list"]);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    let about_root: Vec<&str> = run
+        .stderr
+        .lines()
+        .filter(|l| l.contains("root") || l.contains("Permission denied"))
+        .collect();
+    assert_eq!(about_root.len(), 1, "{}", run.stderr);
+    assert!(about_root[0].contains("3 volume"), "{}", run.stderr);
+}

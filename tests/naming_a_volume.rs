@@ -158,3 +158,29 @@ fn an_unknown_name_says_where_the_names_are() {
         run.stderr
     );
 }
+
+/// Issue 25, item 8: a repeated `remove` by name changes nothing and
+/// succeeds, as it does by UUID; it says that nothing was removed, so a
+/// mistyped name shows. Commands that need the volume still refuse.
+#[test]
+fn a_repeated_remove_by_name_succeeds_and_says_nothing_was_removed() {
+    needs_root!();
+    let fx = Fixture::new();
+    let uuid = created(&fx, &["--name", "pg2"]);
+    let first = fx.run_ok(&["remove", "pg2", "--json"]).json();
+    assert_eq!(first["changed"], true, "{first}");
+    assert_eq!(first["uuid"], uuid.as_str());
+    let again = fx.run(&["remove", "pg2", "--json"]);
+    assert_eq!(again.code, 0, "{}", again.stderr);
+    let report = again.json();
+    assert_eq!(report["changed"], false, "{report}");
+    assert!(report["uuid"].is_null(), "{report}");
+    let human = fx.run_ok(&["remove", "pg2"]);
+    assert!(
+        human.stdout.contains("nothing to remove") && human.stdout.contains("pg2"),
+        "{}",
+        human.stdout
+    );
+    let status = fx.run(&["status", "pg2"]);
+    assert_eq!(status.code, 1, "{}", status.stderr);
+}

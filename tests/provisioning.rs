@@ -688,3 +688,68 @@ fn a_repeated_create_reports_the_device_of_an_attached_volume() {
     let detached = fx.run_ok(&create).json();
     assert_eq!(detached["device"], serde_json::Value::Null, "{detached}");
 }
+
+/// Issue 25, item 5: what mkfs.xfs is known to refuse (a file system below
+/// 300 MiB) is refused before anything is made, in the dry run too, with
+/// the reason; and a tool's failure keeps the tool's own line, not the
+/// last line of its usage text.
+#[test]
+fn a_too_small_xfs_is_refused_up_front_with_the_reason() {
+    needs_root!();
+    let fx = Fixture::new();
+    for extra in [&[][..], &["--dry-run"]] {
+        let run = fx.run(&[&["create", "--size", "16M", "--fs", "xfs"][..], extra].concat());
+        assert_eq!(run.code, 1, "{extra:?}: {}{}", run.stdout, run.stderr);
+        assert!(
+            run.stderr.contains("300 MiB"),
+            "{extra:?}: no reason: {}",
+            run.stderr
+        );
+    }
+    let made: Vec<_> = std::fs::read_dir(fx.host("/var/lib/sparse-volume"))
+        .unwrap()
+        .collect();
+    assert!(made.is_empty(), "{made:?}");
+    // A mkfs option mkfs.xfs refuses: its own line is the reason.
+    let run = fx.run(&[
+        "create",
+        "--size",
+        "320M",
+        "--fs",
+        "xfs",
+        "--mkfs-option",
+        "-d",
+        "--mkfs-option",
+        "agcount=0",
+    ]);
+    assert_eq!(run.code, 1, "{}", run.stderr);
+    assert!(
+        !run.stderr.contains("is xxx (512 byte blocks)"),
+        "the usage text's last line, not the reason: {}",
+        run.stderr
+    );
+}
+
+/// Issue 25, item 4: `register` without `--mode` reads the mode from the
+/// content, as it reads the file system type and the sector size: a GPT
+/// whose partition GUID is the UUID is a block volume.
+#[test]
+fn register_detects_a_block_volume_from_its_content() {
+    needs_root!();
+    let fx = Fixture::new();
+    let uuid = common::new_uuid();
+    fx.make_gpt(&uuid);
+    let path = fx.logical_backing(&uuid);
+    let run = fx.run(&["register", "--uuid", &uuid, "--path", &path, "--json"]);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    assert_eq!(run.json()["mode"], "block", "{}", run.stdout);
+    // `--fs` still means a file system, and the content then says no.
+    let other = common::new_uuid();
+    fx.make_gpt(&other);
+    let path = fx.logical_backing(&other);
+    let refused = fx.run(&[
+        "register", "--uuid", &other, "--path", &path, "--fs", "ext4",
+    ]);
+    assert_eq!(refused.code, 1);
+    assert!(refused.stderr.contains("GPT"), "{}", refused.stderr);
+}

@@ -55,7 +55,8 @@ fn a_name_the_parser_refuses_is_refused_before_anything_is_created() {
     let fx = Fixture::new();
     let uuid = new_uuid();
     let run = fx.run(&["create", "--size", "16M", "--uuid", &uuid, "--name", "a\tb"]);
-    assert_eq!(run.code, 1, "accepted a control character: {}", run.stdout);
+    // A usage error (issue 25, item 16), as in apply.
+    assert_eq!(run.code, 2, "accepted a control character: {}", run.stdout);
     assert!(run.stderr.contains("control characters"), "{}", run.stderr);
     assert_eq!(run.stderr.lines().count(), 1, "{}", run.stderr);
     assert!(!fx.registry_file(&uuid).exists());
@@ -484,10 +485,15 @@ fn non_root_gets_one_clear_line_and_can_still_read() {
             run.stdout
         );
     }
-    // The data is root's (0600): the audit says so, and still sees the device.
+    // The data is root's (0600): the audit says so (and so cannot call the
+    // node clean), and still sees the device.
     let check = fx.run_as_nobody(&["check"]);
-    assert_eq!(check.code, 0, "{}{}", check.stdout, check.stderr);
-    assert!(check.stdout.contains("needs root"), "{}", check.stdout);
+    assert_eq!(check.code, 1, "{}{}", check.stdout, check.stderr);
+    assert!(
+        check.stdout.contains("not verified without root"),
+        "{}",
+        check.stdout
+    );
     assert!(!check.stdout.contains("not-attached"), "{}", check.stdout);
     fx.run_ok(&["detach", &uuid]);
 }

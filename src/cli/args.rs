@@ -11,7 +11,7 @@ use crate::commands::provisioning::apply::desired::{Desired, State};
 use crate::commands::provisioning::create::CreateRequest;
 use crate::commands::provisioning::register::{RegisterMode, RegisterRequest};
 use crate::volume::id::VolumeId;
-use crate::volume::reference::VolumeRef;
+use crate::volume::reference::{check_name_as_reference, parse_uuid_any_case, VolumeRef};
 use crate::volume::size::parse_size;
 use crate::volume::spec::{FsType, ModeKind, SECTOR_SIZES};
 
@@ -25,11 +25,6 @@ pub struct Cli {
     /// Print one JSON object instead of a sentence.
     #[arg(long, global = true)]
     pub json: bool,
-
-    /// Run every check of a state-changing command and report what it
-    /// would change, changing nothing.
-    #[arg(long, global = true)]
-    pub dry_run: bool,
 
     /// More log output on stderr (repeat for more).
     #[arg(short, long, global = true, action = clap::ArgAction::Count)]
@@ -57,6 +52,8 @@ pub enum Command {
         /// Also delete the backing file.
         #[arg(long)]
         delete_data: bool,
+        #[command(flatten)]
+        dry: DryRun,
     },
     /// Grow a volume: file, loop device, partition and file system.
     Resize {
@@ -66,6 +63,8 @@ pub enum Command {
         /// New size (e.g. 20G); never smaller than the current size.
         #[arg(long, value_parser = parse_size_arg)]
         size: u64,
+        #[command(flatten)]
+        dry: DryRun,
     },
     /// Attach a registered volume to a loop device (the unit's ExecStart).
     ///
@@ -76,6 +75,8 @@ pub enum Command {
         /// The volume: its UUID, its name, the beginning of its UUID (8 or more characters), its loop device or its backing file.
         #[arg(value_name = "VOLUME")]
         volume: VolumeRef,
+        #[command(flatten)]
+        dry: DryRun,
     },
     /// Detach a volume's loop device (the unit's ExecStop).
     ///
@@ -85,6 +86,8 @@ pub enum Command {
         /// The volume: its UUID, its name, the beginning of its UUID (8 or more characters), its loop device or its backing file.
         #[arg(value_name = "VOLUME")]
         volume: VolumeRef,
+        #[command(flatten)]
+        dry: DryRun,
     },
     /// Enable a volume: set its registry flag and reload systemd, so the
     /// generator makes it attach at every boot.
@@ -95,6 +98,8 @@ pub enum Command {
         /// Also start its unit now and wait for the result.
         #[arg(long)]
         now: bool,
+        #[command(flatten)]
+        dry: DryRun,
     },
     /// Disable a volume: clear its registry flag and reload systemd.
     Disable {
@@ -104,18 +109,24 @@ pub enum Command {
         /// Also stop its unit now (detaching it) and wait for the result.
         #[arg(long)]
         now: bool,
+        #[command(flatten)]
+        dry: DryRun,
     },
     /// Start the volume's unit (attach it) and wait for the job result.
     Start {
         /// The volume: its UUID, its name, the beginning of its UUID (8 or more characters), its loop device or its backing file.
         #[arg(value_name = "VOLUME")]
         volume: VolumeRef,
+        #[command(flatten)]
+        dry: DryRun,
     },
     /// Stop the volume's unit (detach it) and wait for the job result.
     Stop {
         /// The volume: its UUID, its name, the beginning of its UUID (8 or more characters), its loop device or its backing file.
         #[arg(value_name = "VOLUME")]
         volume: VolumeRef,
+        #[command(flatten)]
+        dry: DryRun,
     },
     /// Every volume at a glance: name, mode, size, allocation, device, state.
     List {
@@ -135,6 +146,8 @@ pub enum Command {
         /// Fix what is safe to fix (leftovers, duplicates, unattached volumes).
         #[arg(long)]
         repair: bool,
+        #[command(flatten)]
+        dry: DryRun,
     },
     /// Prometheus metrics: every volume and backing file system.
     Metrics {
@@ -152,6 +165,15 @@ pub enum Command {
     Apply(ApplyArgs),
 }
 
+/// `--dry-run`, offered only by the commands that change something.
+#[derive(Debug, Clone, Copy, Args)]
+pub struct DryRun {
+    /// Run every check of the command and report what it would change,
+    /// changing nothing.
+    #[arg(long)]
+    pub dry_run: bool,
+}
+
 /// The desired state as flags; `--stdin` reads it as one JSON object or
 /// TOML document instead (the same keys, `fs_type` for `--fs`).
 #[derive(Debug, Args)]
@@ -162,31 +184,46 @@ pub struct ApplyArgs {
         "preallocate", "sector_size", "mkfs_options", "delete_data", "now",
     ])]
     pub stdin: bool,
-    #[arg(long)]
+    /// The volume's UUID (any case); with `--name`, both must agree.
+    #[arg(long, value_parser = parse_uuid_any_case)]
     pub uuid: Option<VolumeId>,
-    /// The volume's name: unique on the node, so it identifies it too.
-    #[arg(long)]
+    /// The volume's name: unique on the node, so it names the volume in
+    /// every command as its UUID does.
+    #[arg(long, value_parser = parse_name_arg)]
     pub name: Option<String>,
+    /// `present` makes or keeps the volume; `absent` removes it.
     #[arg(long, value_enum, default_value_t = State::Present)]
     pub state: State,
     /// Size (grown to when larger; never shrunk).
     #[arg(long, value_parser = parse_size_arg)]
     pub size: Option<u64>,
+    /// `filesystem` (default when creating) or `block`; refused if it
+    /// differs from an existing volume's.
     #[arg(long, value_enum)]
     pub mode: Option<ModeKind>,
+    /// File system type when creating (default ext4); refused if it
+    /// differs from an existing volume's.
     #[arg(long = "fs", value_enum)]
     pub fs_type: Option<FsType>,
+    /// Backing file path when creating (default: <first storage
+    /// root>/<UUID>); refused if it differs from an existing volume's.
     #[arg(long)]
     pub path: Option<PathBuf>,
+    /// Attach at every boot (true) or not (false).
     #[arg(long, value_name = "BOOL")]
     pub enabled: Option<bool>,
+    /// Attach the loop device read-only; takes effect at the next attach.
     #[arg(long, value_name = "BOOL")]
     pub read_only: Option<bool>,
     /// Reserve the space (fallocate) when creating.
     #[arg(long)]
     pub preallocate: bool,
+    /// Logical sector size when creating, 512 or 4096 (default: the
+    /// storage device's); refused if it differs from an existing volume's.
     #[arg(long, value_parser = parse_sector_size)]
     pub sector_size: Option<u32>,
+    /// Extra option passed to mkfs when creating (repeatable); refused if
+    /// it differs from the options an existing volume was made with.
     #[arg(long = "mkfs-option", allow_hyphen_values = true)]
     pub mkfs_options: Vec<String>,
     /// With `--state absent`: also delete the backing file.
@@ -195,6 +232,8 @@ pub struct ApplyArgs {
     /// Also start (enabled) or stop (disabled) the unit now.
     #[arg(long)]
     pub now: bool,
+    #[command(flatten)]
+    pub dry: DryRun,
 }
 
 impl ApplyArgs {
@@ -264,35 +303,41 @@ pub struct PvArgs {
 pub struct RegisterArgs {
     /// The UUID the backing file's content carries (file system UUID, or
     /// the GPT partition GUID of a block volume).
-    #[arg(long, value_parser = parse_uuid_arg)]
+    #[arg(long, value_parser = parse_uuid_any_case)]
     pub uuid: VolumeId,
     /// Backing file path, inside a storage root.
     #[arg(long)]
     pub path: PathBuf,
-    #[arg(long, value_enum, default_value_t = ModeKind::Filesystem)]
-    pub mode: ModeKind,
+    /// `filesystem` or `block`; read from the content when omitted (a GPT
+    /// is a block volume).
+    #[arg(long, value_enum)]
+    pub mode: Option<ModeKind>,
     /// File system type (filesystem mode); detected when omitted.
     #[arg(long = "fs", value_enum)]
     pub fs_type: Option<FsType>,
-    /// Free-text label.
-    #[arg(long)]
+    /// The volume's name: unique on the node, so it names the volume in
+    /// every command as its UUID does.
+    #[arg(long, value_parser = parse_name_arg)]
     pub name: Option<String>,
     /// Logical sector size (512 or 4096); detected from the content
     /// when omitted, refused when the content does not read with it.
     #[arg(long, value_parser = parse_sector_size)]
     pub sector_size: Option<u32>,
+    #[command(flatten)]
+    pub dry: DryRun,
 }
 
 impl RegisterArgs {
     /// The request, refusing flags that contradict each other; an omitted
     /// `--fs` stays open (register reads the type from the file).
     pub fn request(&self, dry_run: bool) -> Result<RegisterRequest, String> {
-        let mode = match self.mode {
-            ModeKind::Filesystem => RegisterMode::Filesystem(self.fs_type),
-            ModeKind::Block if self.fs_type.is_some() => {
+        let mode = match (self.mode, self.fs_type) {
+            (None, None) => RegisterMode::Detected,
+            (None | Some(ModeKind::Filesystem), fs_type) => RegisterMode::Filesystem(fs_type),
+            (Some(ModeKind::Block), Some(_)) => {
                 return Err("--fs is only valid with --mode filesystem".into())
             }
-            ModeKind::Block => RegisterMode::Block,
+            (Some(ModeKind::Block), None) => RegisterMode::Block,
         };
         Ok(RegisterRequest {
             uuid: self.uuid,
@@ -312,14 +357,16 @@ pub struct CreateArgs {
     pub size: u64,
     #[arg(long, value_enum, default_value_t = ModeKind::Filesystem)]
     pub mode: ModeKind,
-    /// File system type (filesystem mode; default ext4).
+    /// File system type (filesystem mode; default ext4; xfs needs 300 MiB
+    /// or more).
     #[arg(long = "fs", value_enum)]
     pub fs_type: Option<FsType>,
     /// Volume UUID; a new one is chosen (and reported) when omitted.
-    #[arg(long, value_parser = parse_uuid_arg)]
+    #[arg(long, value_parser = parse_uuid_any_case)]
     pub uuid: Option<VolumeId>,
-    /// Free-text label.
-    #[arg(long)]
+    /// The volume's name: unique on the node, so it names the volume in
+    /// every command as its UUID does.
+    #[arg(long, value_parser = parse_name_arg)]
     pub name: Option<String>,
     /// Backing file path (default: <first storage root>/<UUID>).
     #[arg(long)]
@@ -337,6 +384,8 @@ pub struct CreateArgs {
     /// Also attach the volume now.
     #[arg(long)]
     pub now: bool,
+    #[command(flatten)]
+    pub dry: DryRun,
 }
 
 impl CreateArgs {
@@ -405,10 +454,10 @@ fn parse_size_arg(text: &str) -> Result<u64, String> {
     }
 }
 
-/// A UUID in its hyphenated form, in any case (as on the kernel command
-/// line); stored and shown in lower case.
-fn parse_uuid_arg(text: &str) -> Result<VolumeId, String> {
-    text.to_ascii_lowercase().parse()
+/// What could never name a volume (empty, control characters, a UUID) is
+/// a usage error in every command that gives a name, `apply` included.
+fn parse_name_arg(text: &str) -> Result<String, String> {
+    check_name_as_reference(text).map(|()| text.to_string())
 }
 
 fn parse_sector_size(text: &str) -> Result<u32, String> {
@@ -422,14 +471,14 @@ impl Command {
     /// The existing volume a command is about, as the user named it.
     pub fn volume(&self) -> Option<&VolumeRef> {
         match self {
-            Command::Attach { volume }
-            | Command::Detach { volume }
+            Command::Attach { volume, .. }
+            | Command::Detach { volume, .. }
             | Command::Remove { volume, .. }
             | Command::Resize { volume, .. }
             | Command::Enable { volume, .. }
             | Command::Disable { volume, .. }
-            | Command::Start { volume }
-            | Command::Stop { volume }
+            | Command::Start { volume, .. }
+            | Command::Stop { volume, .. }
             | Command::Status { volume } => Some(volume),
             Command::Pv(args) => args.volume.as_ref(),
             Command::Create(_)
@@ -448,7 +497,7 @@ impl Command {
             self,
             Command::List { .. }
                 | Command::Status { .. }
-                | Command::Check { repair: false }
+                | Command::Check { repair: false, .. }
                 | Command::Metrics { .. }
                 | Command::Pv(_)
         )
@@ -480,6 +529,28 @@ impl Command {
             Command::Pv(_) if id.is_some() => format!("writing the PersistentVolume of{volume}"),
             Command::Pv(_) => "writing PersistentVolumes".into(),
             Command::Apply(_) => "applying".into(),
+        }
+    }
+
+    /// `--dry-run`: false for the commands that only read.
+    pub fn dry_run(&self) -> bool {
+        match self {
+            Command::Create(CreateArgs { dry, .. })
+            | Command::Register(RegisterArgs { dry, .. })
+            | Command::Apply(ApplyArgs { dry, .. })
+            | Command::Remove { dry, .. }
+            | Command::Resize { dry, .. }
+            | Command::Attach { dry, .. }
+            | Command::Detach { dry, .. }
+            | Command::Enable { dry, .. }
+            | Command::Disable { dry, .. }
+            | Command::Start { dry, .. }
+            | Command::Stop { dry, .. }
+            | Command::Check { dry, .. } => dry.dry_run,
+            Command::List { .. }
+            | Command::Status { .. }
+            | Command::Metrics { .. }
+            | Command::Pv(_) => false,
         }
     }
 

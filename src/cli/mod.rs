@@ -5,4 +5,5 @@
 pub mod args;
 pub mod logging;
 pub mod output;
+pub mod usage;
 pub mod warnings;

@@ -52,7 +52,7 @@ impl Output {
                 Err(e) => eprintln!("sparse-volume: cannot render the report as JSON: {e}"),
             }
         } else if self.dry_run {
-            println!("dry run, nothing changed: {}", report.human());
+            println!("dry run, nothing changed: {}", report.planned());
         } else {
             println!("{}", report.human());
         }

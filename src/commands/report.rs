@@ -20,6 +20,13 @@ pub trait Report: Serialize {
     /// One or a few sentences for people.
     fn human(&self) -> String;
 
+    /// The same for a dry run: what the real run would do, in the
+    /// conditional. Reports that only read, or that plan already, say the
+    /// same either way.
+    fn planned(&self) -> String {
+        self.human()
+    }
+
     /// Things that went well enough but deserve a look.
     fn warnings(&self) -> Vec<String> {
         Vec::new()

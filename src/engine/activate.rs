@@ -10,7 +10,7 @@ use anyhow::{anyhow, bail, Result};
 
 use crate::engine::attach::attach;
 use crate::engine::detach::{backing_file_deleted, detach, find_devices, recovery_hint};
-use crate::kernel::holders::users_of_loop;
+use crate::kernel::holders::{in_use, users_of_loop};
 use crate::kernel::loop_device::LoopDevice;
 use crate::registry::Registry;
 use crate::systemd::unit::VOLUMES_TARGET;
@@ -63,16 +63,32 @@ pub fn bring_up_now(registry: &Registry, id: &VolumeId, reload: bool) -> Result<
             }
             start_attached(registry, &systemd, id)
         }
-        Err(reason) => {
-            let attached = attach(registry, id)?;
-            Ok(Activation {
-                changed: attached.changed,
-                device: Some(attached.device),
-                unit: None,
-                how: format!("attached directly ({reason:#})"),
-            })
-        }
+        Err(reason) => attach_directly(registry, id, &reason),
     }
+}
+
+/// Without systemd (`reason` says why it is not reachable): the attach a
+/// unit would have run.
+pub fn attach_directly(
+    registry: &Registry,
+    id: &VolumeId,
+    reason: &anyhow::Error,
+) -> Result<Activation> {
+    let attached = attach(registry, id)?;
+    Ok(Activation {
+        changed: attached.changed,
+        device: Some(attached.device),
+        unit: None,
+        how: format!("attached directly; {reason:#}"),
+    })
+}
+
+/// What `enable`, `disable` and `apply` say when they write the flag
+/// without systemd: only the generator at the next boot will read it.
+pub fn flag_without_systemd(enabled: bool) -> String {
+    format!(
+        "systemd is not reachable, so nothing was reloaded: enabled = {enabled} takes effect at the next boot (or at `systemctl daemon-reload` once systemd runs)"
+    )
 }
 
 /// Starts the unit, restarting it when it claims to be active but the
@@ -156,11 +172,7 @@ pub fn refuse_if_in_use(registry: &Registry, id: &VolumeId) -> Result<()> {
         }
         let users = users_of_loop(number);
         if !users.is_empty() {
-            bail!(
-                "{} is in use: {}; unmount it first",
-                LoopDevice::path_of(number).display(),
-                users.join("; ")
-            );
+            bail!(in_use(&users));
         }
     }
     Ok(())

@@ -14,7 +14,7 @@ use nix::errno::Errno;
 use serde::Serialize;
 
 use crate::kernel::files::ExclusiveLock;
-use crate::kernel::holders::users_of_loop;
+use crate::kernel::holders::{in_use, users_of_loop};
 use crate::kernel::loop_device::{
     self, ioctl::LO_FLAGS_AUTOCLEAR, renew_if_discards_left_off, DiscardLimits, LoopDevice,
     LoopStatus,
@@ -317,11 +317,7 @@ fn open_to_detach(number: u32) -> Result<Option<LoopDevice>> {
                     path.display()
                 );
             }
-            bail!(
-                "{} is in use: {}; unmount it first",
-                path.display(),
-                users.join("; ")
-            );
+            bail!(in_use(&users));
         }
         Err(errno) => bail!("opening {}: {errno}", path.display()),
     }

@@ -64,6 +64,10 @@ pub struct VolumeInfo {
     pub backing_fs: Option<BackingFs>,
     /// What could not be determined or looks wrong, one sentence each.
     pub problems: Vec<String>,
+    /// The problem that says the backing file could not be read without
+    /// root: a listing says it once for all volumes.
+    #[serde(skip)]
+    pub needs_root: Option<String>,
 }
 
 /// What systemd said about a volume's unit.
@@ -92,6 +96,7 @@ impl UnitLookup {
 /// Gathers everything about `volume`, with systemd's answer about its unit.
 pub fn inspect(root: &SystemRoot, volume: &Volume, unit_lookup: UnitLookup) -> VolumeInfo {
     let mut problems = Vec::new();
+    let mut needs_root = None;
     let host_path = root.host_path(&volume.path);
 
     let allocated = match fs::symlink_metadata(&host_path) {
@@ -104,10 +109,11 @@ pub fn inspect(root: &SystemRoot, volume: &Volume, unit_lookup: UnitLookup) -> V
             None
         }
         Err(e) => {
-            problems.push(format!(
-                "cannot inspect backing file {}: {e}",
-                host_path.display()
-            ));
+            let problem = format!("cannot inspect backing file {}: {e}", host_path.display());
+            if e.kind() == std::io::ErrorKind::PermissionDenied {
+                needs_root = Some(problem.clone());
+            }
+            problems.push(problem);
             None
         }
     };
@@ -178,6 +184,7 @@ pub fn inspect(root: &SystemRoot, volume: &Volume, unit_lookup: UnitLookup) -> V
         unit_result,
         backing_fs: None,
         problems,
+        needs_root,
     }
 }
 

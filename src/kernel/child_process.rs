@@ -93,9 +93,11 @@ fn dies_with_caller(command: &mut Command) {
     }
 }
 
-/// The e2fsprogs and xfsprogs tools put their reason on a line of its own
-/// that starts with their name, before any usage text; failing that, the
-/// last thing a tool printed is the best guess.
+/// The e2fsprogs tools put their reason on a line of its own that starts
+/// with their name; mkfs.xfs puts it on the line before its usage text
+/// ("Filesystem must be larger than 300MB.", then "Usage: mkfs.xfs" and
+/// forty lines of options). Failing both, the last thing a tool printed is
+/// the best guess.
 fn failure_reason(program: &str, stderr: &str, stdout: &str) -> String {
     let prefix = format!("{program}:");
     let last_line = |text: &str| {
@@ -103,10 +105,14 @@ fn failure_reason(program: &str, stderr: &str, stdout: &str) -> String {
             .rfind(|l| !l.trim().is_empty())
             .map(|l| l.trim().to_string())
     };
+    let before_usage = stderr
+        .split_once("Usage:")
+        .and_then(|(before, _)| last_line(before));
     stderr
         .lines()
         .find(|l| l.trim_start().starts_with(&prefix))
         .map(|l| l.trim().to_string())
+        .or(before_usage)
         .or_else(|| last_line(stderr))
         .or_else(|| last_line(stdout))
         .unwrap_or_else(|| "no output".to_string())
@@ -124,6 +130,11 @@ mod tests {
             "mkfs.ext4: invalid option -- 'Z'"
         );
         assert_eq!(failure_reason("mkfs.xfs", "first\nlast\n\n", ""), "last");
+        let xfs = "Filesystem must be larger than 300MB.\nUsage: mkfs.xfs\n/* blocksize */\t\t[-b size=num]\n<value> is xxx (512 byte blocks).\n";
+        assert_eq!(
+            failure_reason("mkfs.xfs", xfs, ""),
+            "Filesystem must be larger than 300MB."
+        );
         assert_eq!(failure_reason("x", "", "out\n"), "out");
         assert_eq!(failure_reason("x", "", ""), "no output");
     }

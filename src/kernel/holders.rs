@@ -102,6 +102,12 @@ fn unescape_mount_path(text: &str) -> String {
     String::from_utf8_lossy(&out).into_owned()
 }
 
+/// The refusal of a detach while `users` (sentences from
+/// [`users_of_loop`], which name the device) hold it.
+pub fn in_use(users: &[String]) -> String {
+    format!("{}; unmount it first", users.join("; "))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

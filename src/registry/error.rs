@@ -91,3 +91,24 @@ mod tests {
         assert_eq!(line_of(text, 999), 4);
     }
 }
+
+/// Nothing the registry knows answers to what the user typed: `remove`
+/// takes that as "already removed", every other command as an error.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NoSuchVolume {
+    pub reference: String,
+    /// Also no registered volume's backing file (the text was a path).
+    pub as_path: bool,
+}
+
+impl fmt::Display for NoSuchVolume {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "no volume is named {:?}", self.reference)?;
+        if self.as_path {
+            f.write_str(", and it is no registered volume's backing file")?;
+        }
+        f.write_str(" (`sparse-volume list` shows every volume)")
+    }
+}
+
+impl std::error::Error for NoSuchVolume {}

@@ -20,7 +20,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{bail, Context, Result};
 
 pub use config::{Config, Reserve, KNOWN_KEYS as CONFIG_KEYS};
-pub use error::RegistryError;
+pub use error::{NoSuchVolume, RegistryError};
 pub use lenient::RegistryWarning;
 pub use volume_file::{
     check_path, check_size, check_volume_path, Invalid, Parsed, Volume, KNOWN_KEYS as VOLUME_KEYS,
@@ -355,10 +355,11 @@ impl Registry {
         }
         match self.resolve_other_than_by_name(text)? {
             Some((id, how)) => Ok(Resolved { id, how }),
-            None if text.starts_with('/') => {
-                bail!("no volume is named {text:?}, and it is no registered volume's backing file (`sparse-volume list` shows every volume)")
+            None => Err(NoSuchVolume {
+                reference: text.clone(),
+                as_path: text.starts_with('/'),
             }
-            None => bail!("no volume is named {text:?} (`sparse-volume list` shows every volume)"),
+            .into()),
         }
     }
 

@@ -15,6 +15,20 @@ use crate::volume::growing_mark::{
 };
 use crate::volume::spec::FsType;
 
+/// The smallest xfs that mkfs.xfs (5.19 and later: Debian 12 and 13 ship
+/// 6.x) makes; smaller ones fail after the backing file was made.
+pub const XFS_MIN_SIZE: u64 = 300 << 20;
+
+/// What mkfs is known to refuse, said before anything is made.
+pub fn refuse_known_mkfs_failures(fs_type: FsType, size: u64) -> Result<()> {
+    if fs_type == FsType::Xfs && size < XFS_MIN_SIZE {
+        anyhow::bail!(
+            "an xfs volume needs at least 300 MiB (mkfs.xfs refuses smaller file systems); ask for --size 300M or more, or use ext4"
+        );
+    }
+    Ok(())
+}
+
 /// Makes a file system whose UUID is the volume UUID, for a device with
 /// `sector_size`-byte logical sectors. Discards are off: on a file they
 /// punch holes, which would undo a preallocation. ext4 gets 4 KiB blocks

@@ -26,7 +26,7 @@ impl FromStr for VolumeRef {
     /// (braces, no hyphens) are a mistake, not a name.
     fn from_str(text: &str) -> Result<Self, Self::Err> {
         if Uuid::try_parse(text).is_ok() {
-            return text.to_ascii_lowercase().parse().map(VolumeRef::Id);
+            return parse_uuid_any_case(text).map(VolumeRef::Id);
         }
         check_name_as_reference(text)?;
         Ok(VolumeRef::Name(text.to_string()))
@@ -39,6 +39,20 @@ impl fmt::Display for VolumeRef {
             VolumeRef::Id(id) => id.fmt(f),
             VolumeRef::Name(name) => write!(f, "{name:?}"),
         }
+    }
+}
+
+/// A UUID typed on the command line: the hyphenated form in any case (as
+/// on the kernel command line), stored and shown in lower case; braces,
+/// a `urn:uuid:` or no hyphens are refused with the form to use.
+pub fn parse_uuid_any_case(text: &str) -> Result<VolumeId, String> {
+    let lower = text.to_ascii_lowercase();
+    match Uuid::try_parse(&lower) {
+        Ok(uuid) if uuid.hyphenated().to_string() != lower => Err(format!(
+            "{text:?} is a UUID written in a form that is not taken; write it hyphenated: {}",
+            uuid.hyphenated()
+        )),
+        _ => lower.parse(),
     }
 }
 

@@ -21,6 +21,7 @@ use crate::kernel::loop_device::{self, LoopDevice};
 use crate::registry::paths::SystemRoot;
 use crate::registry::{Registry, Volume};
 use crate::systemd::kernel_cmdline::skip_reason;
+use crate::systemd::{unit_name, Systemd};
 use crate::volume::backing_file::open_backing_file;
 use crate::volume::creating_mark::{
     clear_creating_mark, has_creating_mark, is_creating_name, marked_for, CREATING_SUFFIX,
@@ -40,11 +41,14 @@ pub use last_check::LastCheck;
 #[derive(Debug, Serialize)]
 pub struct Finding {
     pub kind: &'static str,
-    /// `error`, or `warning` for what needs a look but keeps `clean`.
+    /// `error` (something is wrong: exit status 1), `warning` (needs a
+    /// look) or `note` (worth knowing); the last two keep `clean`.
     pub severity: &'static str,
     /// The volume the finding is about; null when it concerns several
     /// (see `uuids`) or none.
     pub uuid: Option<String>,
+    /// That volume's name, when it has one.
+    pub name: Option<String>,
     /// Every volume the finding concerns.
     pub uuids: Vec<String>,
     pub path: Option<PathBuf>,
@@ -60,6 +64,7 @@ impl Finding {
             kind,
             severity,
             uuid: None,
+            name: None,
             uuids: Vec::new(),
             path: None,
             message,
@@ -71,6 +76,7 @@ impl Finding {
     fn about(mut self, volume: Option<&Volume>, path: Option<&Path>) -> Self {
         if let Some(volume) = volume {
             self.uuid = Some(volume.id.to_string());
+            self.name = volume.name.clone();
             self.uuids = vec![volume.id.to_string()];
         }
         self.path = path.map(Path::to_path_buf);
@@ -101,6 +107,7 @@ impl Report for CheckReport {
                 let prefix = match (f.repaired, f.severity) {
                     (true, _) => "repaired ",
                     (false, "warning") => "warning: ",
+                    (false, "note") => "note: ",
                     (false, _) => "",
                 };
                 format!("{prefix}{}: {}", f.kind, f.message)
@@ -115,6 +122,8 @@ struct Audit<'a> {
     root: &'a SystemRoot,
     repair: bool,
     findings: Vec<Finding>,
+    /// What an audit without root could not read, said once at the end.
+    unseen: Vec<(String, VolumeId)>,
 }
 
 impl Audit<'_> {
@@ -145,7 +154,7 @@ impl Audit<'_> {
         message: String,
         fix: impl FnOnce() -> Result<()>,
     ) {
-        self.repairable_noting(kind, volume, path, message, || {
+        self.repairable_noting(kind, "error", volume, path, message, || {
             fix().map(|()| String::new())
         });
     }
@@ -155,12 +164,13 @@ impl Audit<'_> {
     fn repairable_noting(
         &mut self,
         kind: &'static str,
+        severity: &'static str,
         volume: Option<&Volume>,
         path: Option<&Path>,
         message: String,
         fix: impl FnOnce() -> Result<String>,
     ) {
-        let mut finding = Finding::new(kind, "error", message).about(volume, path);
+        let mut finding = Finding::new(kind, severity, message).about(volume, path);
         if self.repair {
             match fix() {
                 Ok(note) => {
@@ -199,6 +209,7 @@ fn audit(registry: &Registry, repair: bool) -> Result<CheckReport> {
         root,
         repair,
         findings: Vec::new(),
+        unseen: Vec::new(),
     };
 
     if let Some(problem) = registry.config_problem() {
@@ -277,10 +288,11 @@ fn audit(registry: &Registry, repair: bool) -> Result<CheckReport> {
     overcommitment(&mut audit, registry, &volumes);
     low_headroom(&mut audit, registry, &volumes);
 
+    incomplete_audit(&mut audit);
     let clean = audit
         .findings
         .iter()
-        .all(|f| f.repaired || f.severity == "warning");
+        .all(|f| f.repaired || f.severity != "error");
     let report = CheckReport {
         changed: audit.findings.iter().any(|f| f.repaired),
         clean,
@@ -423,15 +435,9 @@ fn audit_volume(audit: &mut Audit, volume: &Volume) -> Result<()> {
     let meta = match fs::symlink_metadata(&path) {
         Ok(meta) => meta,
         Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => {
-            audit.warn(
-                "content-not-verified",
-                Some(&path),
-                format!(
-                    "{}: {} cannot be inspected without root",
-                    volume.id,
-                    path.display()
-                ),
-            );
+            audit
+                .unseen
+                .push((format!("{} (its file)", subject(volume)), volume.id));
             return Ok(());
         }
         Err(_) => {
@@ -449,7 +455,7 @@ fn audit_volume(audit: &mut Audit, volume: &Volume) -> Result<()> {
                 Some(&path),
                 format!(
                     "{}: backing file {} does not exist{hint}",
-                    volume.id,
+                    subject(volume),
                     path.display()
                 ),
             );
@@ -463,7 +469,7 @@ fn audit_volume(audit: &mut Audit, volume: &Volume) -> Result<()> {
             Some(&path),
             format!(
                 "{}: {refused:#}; attach refuses it: move the file into a real directory and `sparse-volume register` it there, or make the link's target a storage root of its own",
-                volume.id
+                subject(volume)
             ),
         );
     }
@@ -472,11 +478,9 @@ fn audit_volume(audit: &mut Audit, volume: &Volume) -> Result<()> {
         // Data files are root's alone; an unprivileged audit skips the
         // content and still looks at the devices.
         Err(_) if !nix::unistd::geteuid().is_root() => {
-            audit.warn(
-                "content-not-verified",
-                Some(&path),
-                format!("{}: reading the content needs root", volume.id),
-            );
+            audit
+                .unseen
+                .push((format!("{} (its content)", subject(volume)), volume.id));
             None
         }
         Err(e) => {
@@ -484,7 +488,7 @@ fn audit_volume(audit: &mut Audit, volume: &Volume) -> Result<()> {
                 "unsafe-backing-file",
                 Some(volume),
                 Some(&path),
-                format!("{}: {e:#}", volume.id),
+                format!("{}: {e:#}", subject(volume)),
             );
             return Ok(());
         }
@@ -501,7 +505,7 @@ fn audit_volume(audit: &mut Audit, volume: &Volume) -> Result<()> {
             Some(&path),
             format!(
                 "{}: the file has {} ({} bytes), the registry records {} ({} bytes): {hint}",
-                volume.id,
+                subject(volume),
                 format_size(meta.len()),
                 meta.len(),
                 format_size(volume.size),
@@ -516,7 +520,7 @@ fn audit_volume(audit: &mut Audit, volume: &Volume) -> Result<()> {
             Some(&path),
             format!(
                 "{}: still marked as being created although it is registered",
-                volume.id
+                subject(volume)
             ),
             || clear_creating_mark(&path),
         );
@@ -529,7 +533,7 @@ fn audit_volume(audit: &mut Audit, volume: &Volume) -> Result<()> {
             Some(&path),
             format!(
                 "{}: {} holds {}, not {}",
-                volume.id,
+                subject(volume),
                 path.display(),
                 content.describe(),
                 expected_content(&volume.mode, volume.id.uuid())
@@ -555,7 +559,7 @@ fn audit_volume(audit: &mut Audit, volume: &Volume) -> Result<()> {
             Some(&path),
             format!(
                 "{}: {}",
-                volume.id,
+                subject(volume),
                 unfit_message(unfit.number, &unfit.differs)
             ),
         );
@@ -564,11 +568,12 @@ fn audit_volume(audit: &mut Audit, volume: &Volume) -> Result<()> {
         let root = audit.root.clone();
         audit.repairable_noting(
             "duplicate-loop-devices",
+            "error",
             Some(volume),
             Some(&path),
             format!(
                 "{}: {} also attach the file (kept /dev/loop{keep})",
-                volume.id,
+                subject(volume),
                 device_names(&extra)
             ),
             || {
@@ -604,22 +609,83 @@ fn audit_volume(audit: &mut Audit, volume: &Volume) -> Result<()> {
                 Finding::new(
                     "skipped-by-kernel-cmdline",
                     "warning",
-                    format!("{}: enabled but not attached: skipped by {skip}", volume.id),
+                    format!(
+                        "{}: enabled but not attached: skipped by {skip}",
+                        subject(volume)
+                    ),
                 )
                 .about(Some(volume), Some(&path)),
             );
             return Ok(());
         }
         let registry = audit.registry;
+        let (severity, why) = why_not_attached(&volume.id);
         audit.repairable_noting(
             "not-attached",
+            severity,
             Some(volume),
             Some(&path),
-            format!("{}: enabled but not attached", volume.id),
+            format!("{}: enabled but not attached: {why}", subject(volume)),
             || bring_up_now(registry, &volume.id, false).map(|activation| activation.how),
         );
     }
     Ok(())
+}
+
+/// An audit that could not read everything cannot say the node is clean:
+/// one finding for all it missed, which fails the audit.
+fn incomplete_audit(audit: &mut Audit) {
+    if audit.unseen.is_empty() {
+        return;
+    }
+    let what: Vec<&str> = audit.unseen.iter().map(|(what, _)| what.as_str()).collect();
+    let message = format!(
+        "not verified without root: {}; run `sudo sparse-volume check` for the whole audit",
+        what.join(", ")
+    );
+    let mut finding = Finding::new("content-not-verified", "error", message);
+    finding.uuids = audit.unseen.iter().map(|(_, id)| id.to_string()).collect();
+    audit.add(finding);
+}
+
+/// How a finding names a volume: by its name and UUID, or its UUID.
+fn subject(volume: &Volume) -> String {
+    match &volume.name {
+        Some(name) => format!("{name} ({})", volume.id),
+        None => volume.id.to_string(),
+    }
+}
+
+/// An enabled volume without a device is an error when its unit failed
+/// (or runs without a device); one whose unit has not run since it was
+/// made or enabled (a `create` without `--now`), or with no systemd to
+/// ask, is a warning: the next boot attaches it.
+fn why_not_attached(id: &VolumeId) -> (&'static str, String) {
+    let unit = unit_name(id);
+    let Ok(systemd) = Systemd::connect() else {
+        return (
+            "warning",
+            format!("the next boot attaches it, or `sparse-volume attach {id}` now"),
+        );
+    };
+    match systemd.unit_state(&unit) {
+        Ok(state) if state.is_failed() => (
+            "error",
+            format!("{unit} failed (see `journalctl -u {unit}`)"),
+        ),
+        Ok(state) if state.is_active() => (
+            "error",
+            format!("{unit} is active, but its device is gone (detached by hand?)"),
+        ),
+        Ok(_) => (
+            "warning",
+            format!("{unit} has not run since; the next boot attaches it, or `sparse-volume start {id}` now"),
+        ),
+        Err(e) => (
+            "warning",
+            format!("the state of {unit} is unknown ({e:#}); the next boot attaches it"),
+        ),
+    }
 }
 
 /// A block volume made before 0.3, whose partition has the name every
@@ -803,14 +869,18 @@ fn storage_root_leftovers(
                     || fs::remove_file(&path).map_err(Into::into),
                 );
             } else if !name.starts_with('.') {
-                audit.report(
-                    "unregistered-file",
-                    None,
-                    Some(&path),
-                    format!(
-                        "{} is in a storage root but no volume owns it (register it, or delete it if it is not needed)",
-                        path.display()
-                    ),
+                // What `remove` without `--delete-data` keeps, as it said:
+                // worth knowing (it takes space), not a fault.
+                audit.add(
+                    Finding::new(
+                        "unregistered-file",
+                        "note",
+                        format!(
+                            "{} is in a storage root but no volume owns it (a removed volume's kept data? `sparse-volume register` it, or delete it if it is not needed)",
+                            path.display()
+                        ),
+                    )
+                    .about(None, Some(&path)),
                 );
             }
         }

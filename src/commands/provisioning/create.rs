@@ -23,12 +23,16 @@ use crate::volume::backing_file::{allocate, open_backing_file};
 use crate::volume::creating_mark::{
     clear_creating_mark, creating_path, has_creating_mark, set_creating_mark,
 };
-use crate::volume::filesystem::make_filesystem;
+use crate::volume::filesystem::{make_filesystem, refuse_known_mkfs_failures};
 use crate::volume::gpt_layout;
 use crate::volume::id::VolumeId;
 use crate::volume::probe::{expected_content, identifies, probe};
 use crate::volume::size::{format_size, round_up_to_mib};
 use crate::volume::spec::{FsType, Mode, DEFAULT_SECTOR_SIZE, SECTOR_SIZES};
+
+/// Stands for the UUID a dry run of a create cannot know, in the default
+/// path made of it.
+pub const UUID_PLACEHOLDER: &str = "<uuid>";
 
 #[derive(Debug, Clone)]
 pub struct CreateRequest {
@@ -49,7 +53,9 @@ pub struct CreateRequest {
 #[derive(Debug, Serialize)]
 pub struct CreateReport {
     pub changed: bool,
-    pub uuid: String,
+    /// Null in a dry run that would choose the UUID: the real run chooses
+    /// its own, and the default path ends in `<uuid>` then.
+    pub uuid: Option<String>,
     pub path: PathBuf,
     pub size: u64,
     pub requested_size: u64,
@@ -76,10 +82,27 @@ impl Report for CreateReport {
         } else {
             "already exists:"
         };
+        self.sentence(what)
+    }
+
+    fn planned(&self) -> String {
+        if self.changed {
+            self.sentence("would create a")
+        } else {
+            self.human()
+        }
+    }
+}
+
+impl CreateReport {
+    fn sentence(&self, what: &str) -> String {
+        let uuid = self
+            .uuid
+            .as_deref()
+            .unwrap_or("under a UUID chosen when it is created");
         let mut text = format!(
-            "{what} {} volume {} ({}) at {}",
+            "{what} {} volume {uuid} ({}) at {}",
             self.mode,
-            self.uuid,
             format_size(self.size),
             self.path.display()
         );
@@ -103,11 +126,24 @@ impl Report for CreateReport {
 /// a volume was made reports that volume as made.
 pub fn create(registry: &Registry, request: &CreateRequest) -> Outcome<CreateReport> {
     let mut report = create_volume(registry, request).map_err(Failure::Unchanged)?;
+    let id = report
+        .uuid
+        .as_deref()
+        .map(str::parse::<VolumeId>)
+        .transpose()
+        .map_err(|e| Failure::Unchanged(anyhow::anyhow!(e)))?;
+    if request.dry_run && report.changed && request.uuid.is_none() {
+        // The real run chooses its own UUID: this one would mislead.
+        report.uuid = None;
+        if request.path.is_none() {
+            report.path.set_file_name(UUID_PLACEHOLDER);
+        }
+        return Ok(report);
+    }
+    let Some(id) = id else {
+        return Ok(report);
+    };
     if request.now && !request.dry_run {
-        let id: VolumeId = report
-            .uuid
-            .parse()
-            .map_err(|e: String| Failure::Unchanged(anyhow::anyhow!(e)))?;
         let activation = bring_up_now(registry, &id, true).map_err(|error| {
             if report.changed {
                 Failure::PartlyApplied {
@@ -124,11 +160,8 @@ pub fn create(registry: &Registry, request: &CreateRequest) -> Outcome<CreateRep
         report.note = Some(activation.how);
     } else if !report.changed {
         // A repeated create says where the volume is, as `--now` does.
-        report.device = report
-            .uuid
-            .parse()
+        report.device = attached_devices(registry, &id)
             .ok()
-            .and_then(|id: VolumeId| attached_devices(registry, &id).ok())
             .and_then(|devices| devices.into_iter().next());
     }
     Ok(report)
@@ -177,7 +210,7 @@ pub fn create_volume(registry: &Registry, request: &CreateRequest) -> Result<Cre
     volume.validate()?;
     let report = |changed: bool, volume: &Volume, note: Option<String>| CreateReport {
         changed,
-        uuid: volume.id.to_string(),
+        uuid: Some(volume.id.to_string()),
         path: volume.path.clone(),
         size: volume.size,
         requested_size: request.size,
@@ -247,6 +280,10 @@ pub fn create_volume(registry: &Registry, request: &CreateRequest) -> Result<Cre
         ));
     }
 
+    // Only for a file about to be made: an existing volume stays as it is.
+    if let Mode::Filesystem { fs_type, .. } = &volume.mode {
+        refuse_known_mkfs_failures(*fs_type, size)?;
+    }
     if request.dry_run {
         // The directory is not made; the file system it would be made on
         // is the one its nearest existing ancestor is on.

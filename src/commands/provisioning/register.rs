@@ -19,6 +19,8 @@ use crate::volume::spec::{FsType, Mode, DEFAULT_SECTOR_SIZE};
 /// What the caller says the file holds; left open is read from it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RegisterMode {
+    /// Whatever the content is: a file system, or a GPT (block).
+    Detected,
     /// A file system; its type is detected when not given.
     Filesystem(Option<FsType>),
     Block,
@@ -64,6 +66,14 @@ impl Report for RegisterReport {
                 self.uuid,
                 self.path.display()
             )
+        }
+    }
+
+    fn planned(&self) -> String {
+        let said = self.human();
+        match said.strip_prefix("registered ") {
+            Some(rest) => format!("would register {rest}"),
+            None => said,
         }
     }
 }
@@ -156,7 +166,7 @@ fn adopt(registry: &Registry, request: &RegisterRequest) -> Result<RegisterRepor
 /// is registered (what it leaves open was detected the first time).
 fn same_spec(existing: &Volume, request: &RegisterRequest) -> bool {
     let mode = match (&existing.mode, request.mode) {
-        (Mode::Block, RegisterMode::Block) => true,
+        (_, RegisterMode::Detected) | (Mode::Block, RegisterMode::Block) => true,
         (Mode::Filesystem { fs_type, .. }, RegisterMode::Filesystem(asked)) => {
             asked.is_none_or(|asked| asked == *fs_type)
         }
@@ -176,6 +186,14 @@ fn adopted_mode(content: &Content, asked: RegisterMode) -> Result<Mode, String> 
         _ => None,
     };
     match (asked, found) {
+        (RegisterMode::Detected, None) if matches!(content, Content::PartitionTable { .. }) => {
+            Ok(Mode::Block)
+        }
+        (RegisterMode::Detected, found) => Ok(Mode::Filesystem {
+            // Without a file system, `identifies` refuses whatever we say.
+            fs_type: found.unwrap_or(FsType::Ext4),
+            mkfs_options: Vec::new(),
+        }),
         (RegisterMode::Block, _) => Ok(Mode::Block),
         (RegisterMode::Filesystem(Some(asked)), Some(found)) if asked != found => {
             Err(format!("an {found} file system, not {asked}"))

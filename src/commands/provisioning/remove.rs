@@ -18,7 +18,7 @@ use crate::engine::detach::detach_locked;
 use crate::hooks::{self, Crash};
 use crate::kernel::files::sync_dir;
 use crate::kernel::loop_device::{devices_backed_by, devices_of_file};
-use crate::registry::{Registry, ResolvedBy, Volume};
+use crate::registry::{NoSuchVolume, Registry, ResolvedBy, Volume};
 use crate::volume::backing_file::open_backing_file;
 use crate::volume::creating_mark::clear_creating_mark;
 use crate::volume::id::VolumeId;
@@ -27,23 +27,57 @@ use crate::volume::probe::{probe, require_identity};
 #[derive(Debug, Serialize)]
 pub struct RemoveReport {
     pub changed: bool,
-    pub uuid: String,
+    /// Null when nothing answered to the name given: nothing to remove.
+    pub uuid: Option<String>,
     pub detached: Vec<PathBuf>,
     pub data_deleted: bool,
     pub path: Option<PathBuf>,
+    /// Why there was nothing to remove, when nothing answered to the name.
+    #[serde(skip)]
+    pub missing: String,
+}
+
+impl RemoveReport {
+    /// A remove repeated by name (or device, or path) finds nothing: done
+    /// already, as a repeated remove by UUID is.
+    pub fn nothing_answers_to(missing: &NoSuchVolume) -> Self {
+        Self {
+            changed: false,
+            uuid: None,
+            detached: Vec::new(),
+            data_deleted: false,
+            path: None,
+            missing: missing.to_string(),
+        }
+    }
 }
 
 impl Report for RemoveReport {
     fn human(&self) -> String {
+        let Some(uuid) = &self.uuid else {
+            return format!("nothing to remove: {}", self.missing);
+        };
         if !self.changed {
-            return format!("{} is not registered", self.uuid);
+            return format!("{uuid} is not registered");
         }
         let data = match (&self.path, self.data_deleted) {
             (Some(path), true) => format!("; deleted {}", path.display()),
             (Some(path), false) => format!("; kept its data at {}", path.display()),
             (None, _) => String::new(),
         };
-        format!("removed {}{data}", self.uuid)
+        format!("removed {uuid}{data}")
+    }
+
+    fn planned(&self) -> String {
+        let (Some(uuid), true) = (&self.uuid, self.changed) else {
+            return self.human();
+        };
+        let data = match (&self.path, self.data_deleted) {
+            (Some(path), true) => format!(" and delete {}", path.display()),
+            (Some(path), false) => format!("; its data would stay at {}", path.display()),
+            (None, _) => String::new(),
+        };
+        format!("would remove {uuid}{data}")
     }
 }
 
@@ -98,10 +132,11 @@ pub fn remove_volume(
     let Some(volume) = entry else {
         return Ok(RemoveReport {
             changed: false,
-            uuid: id.to_string(),
+            uuid: Some(id.to_string()),
             detached: Vec::new(),
             data_deleted: false,
             path: None,
+            missing: String::new(),
         });
     };
     let host_path = root.host_path(&volume.path);
@@ -114,10 +149,11 @@ pub fn remove_volume(
         refuse_if_in_use(registry, id)?;
         return Ok(RemoveReport {
             changed: true,
-            uuid: id.to_string(),
+            uuid: Some(id.to_string()),
             detached: attached_devices(registry, id)?,
             data_deleted: delete_data && host_path.exists(),
             path: Some(volume.path),
+            missing: String::new(),
         });
     }
     // Refuses (and changes nothing) while the volume is mounted. The
@@ -151,10 +187,11 @@ pub fn remove_volume(
     reload_if_reachable()?;
     Ok(RemoveReport {
         changed: true,
-        uuid: id.to_string(),
+        uuid: Some(id.to_string()),
         detached,
         data_deleted,
         path: Some(volume.path),
+        missing: String::new(),
     })
 }
 

@@ -53,6 +53,18 @@ impl Report for ResizeReport {
             format!("{} already has {}", self.uuid, format_size(self.size))
         }
     }
+
+    fn planned(&self) -> String {
+        if !self.changed {
+            return self.human();
+        }
+        format!(
+            "would grow {} from {} to {}",
+            self.uuid,
+            format_size(self.old_size),
+            format_size(self.size)
+        )
+    }
 }
 
 /// With `dry_run`, every check runs (under the same locks) and nothing

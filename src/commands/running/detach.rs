@@ -28,4 +28,11 @@ impl Report for DetachReport {
             .collect();
         format!("detached {} ({})", self.uuid, devices.join(", "))
     }
+
+    fn planned(&self) -> String {
+        match self.human().strip_prefix("detached ") {
+            Some(rest) => format!("would detach {rest}"),
+            None => self.human(),
+        }
+    }
 }

@@ -7,7 +7,8 @@ use serde::Serialize;
 
 use crate::commands::report::{Failure, Outcome, Report};
 use crate::engine::activate::{
-    attached_devices, refuse_if_in_use, start_attached, stop_detached, systemd_agrees, UnitOutcome,
+    attach_directly, attached_devices, flag_without_systemd, refuse_if_in_use, start_attached,
+    stop_detached, systemd_agrees, UnitOutcome,
 };
 use crate::engine::attach::attach_planned;
 use crate::hooks::{self, Stop};
@@ -31,9 +32,14 @@ pub struct EnableReport {
     /// With `--now`: the unit's state afterwards, else null.
     pub active_state: Option<String>,
     pub sub_state: Option<String>,
+    pub warnings: Vec<String>,
 }
 
 impl Report for EnableReport {
+    fn warnings(&self) -> Vec<String> {
+        self.warnings.clone()
+    }
+
     fn human(&self) -> String {
         let what = if self.enabled { "enabled" } else { "disabled" };
         let mut text = if self.changed {
@@ -43,6 +49,25 @@ impl Report for EnableReport {
         };
         if let (Some(active), Some(sub)) = (&self.active_state, &self.sub_state) {
             text.push_str(&format!("; {} is {active} ({sub})", self.unit));
+        }
+        text
+    }
+
+    fn planned(&self) -> String {
+        let (what, now) = if self.enabled {
+            ("enable", "start")
+        } else {
+            ("disable", "stop")
+        };
+        if !self.changed {
+            return self.human().replace(" was already ", " is already ");
+        }
+        let mut text = format!("would {what} {}", self.uuid);
+        if let (Some(active), Some(sub)) = (&self.active_state, &self.sub_state) {
+            text.push_str(&format!(
+                " and {now} {} if needed (it is {active} ({sub}) now)",
+                self.unit
+            ));
         }
         text
     }
@@ -73,13 +98,24 @@ fn set_enabled(
     now: bool,
     dry_run: bool,
 ) -> Result<EnableReport> {
-    // Check what can fail before changing anything: an unknown volume, or
-    // no systemd to tell about the change.
+    // Check what can fail before changing anything: an unknown volume.
+    // Without systemd the flag is still written (the generator reads it at
+    // the next boot), and `--now` attaches or detaches directly, as
+    // `apply` does.
     registry.require(id)?;
-    let systemd = Systemd::connect()?;
+    let systemd = Systemd::connect();
     let unit = unit_name(id);
+    let warnings = match &systemd {
+        Ok(_) => Vec::new(),
+        Err(reason) => {
+            tracing::info!("{reason:#}");
+            vec![flag_without_systemd(enabled)]
+        }
+    };
     if dry_run {
-        return planned(registry, &systemd, id, enabled, now);
+        let mut report = planned(registry, systemd.as_ref().ok(), id, enabled, now)?;
+        report.warnings = warnings;
+        return Ok(report);
     }
     // Held from the stop to the write: `check --repair` attaches every
     // enabled volume it finds detached, under this lock, so a stop outside
@@ -88,7 +124,7 @@ fn set_enabled(
     // disable --now stops first: a stop that fails (the volume is in use)
     // then leaves the flag as it was, not half a change.
     let stopped = if now && !enabled {
-        let deactivation = stop_detached(registry, Some(&systemd), id)?;
+        let deactivation = stop_detached(registry, systemd.as_ref().ok(), id)?;
         hooks::stop_at(Stop::DisableAfterStop);
         Some((deactivation.unit, deactivation.changed))
     } else {
@@ -109,20 +145,26 @@ fn set_enabled(
     // A reload reruns every generator, so skip it when systemd already
     // agrees with the registry; but a flag edited by hand (or a reload
     // that failed last time) still gets one.
-    let reloaded = flag_changed || !systemd_agrees(&systemd, &unit, enabled);
-    if reloaded {
-        tracing::info!("reloading systemd (daemon-reload) for {unit}");
-        systemd.reload().with_context(|| {
-            format!(
-                "the registry says enabled = {enabled}, but systemd does not know yet (run `systemctl daemon-reload`)"
-            )
-        })?;
-    }
+    let reloaded = match &systemd {
+        Ok(systemd) if flag_changed || !systemd_agrees(systemd, &unit, enabled) => {
+            tracing::info!("reloading systemd (daemon-reload) for {unit}");
+            systemd.reload().with_context(|| {
+                format!(
+                    "the registry says enabled = {enabled}, but systemd does not know yet (run `systemctl daemon-reload`)"
+                )
+            })?;
+            true
+        }
+        _ => false,
+    };
 
     let (outcome, unit_changed): (Option<UnitOutcome>, bool) = match (now, enabled) {
         (false, _) => (None, false),
         (true, true) => {
-            let activation = start_attached(registry, &systemd, id)?;
+            let activation = match &systemd {
+                Ok(systemd) => start_attached(registry, systemd, id)?,
+                Err(reason) => attach_directly(registry, id, reason)?,
+            };
             (activation.unit, activation.changed)
         }
         (true, false) => stopped.unwrap_or((None, false)),
@@ -144,6 +186,7 @@ fn set_enabled(
         job_result,
         active_state,
         sub_state,
+        warnings,
     })
 }
 
@@ -152,26 +195,28 @@ fn set_enabled(
 /// stop, nothing holding the volume).
 fn planned(
     registry: &Registry,
-    systemd: &Systemd,
+    systemd: Option<&Systemd>,
     id: &VolumeId,
     enabled: bool,
     now: bool,
 ) -> Result<EnableReport> {
     let unit = unit_name(id);
     let flag_changed = registry.require(id)?.enabled != enabled;
-    let reloaded = flag_changed || !systemd_agrees(systemd, &unit, enabled);
-    let state = systemd.unit_state(&unit)?;
+    let reloaded = systemd.is_some_and(|s| flag_changed || !systemd_agrees(s, &unit, enabled));
+    let state = systemd.map(|s| s.unit_state(&unit)).transpose()?;
     let unit_changes = match (now, enabled) {
         (false, _) => false,
         (true, true) => {
             let attached = attach_planned(registry, id)?.is_some();
-            !attached || !state.is_active()
+            !attached || state.as_ref().is_some_and(|s| !s.is_active())
         }
         (true, false) => {
             refuse_if_in_use(registry, id)?;
-            !state.is_inactive() || !attached_devices(registry, id)?.is_empty()
+            state.as_ref().is_some_and(|s| !s.is_inactive())
+                || !attached_devices(registry, id)?.is_empty()
         }
     };
+    let state = state.filter(|_| now);
     Ok(EnableReport {
         changed: flag_changed || reloaded || unit_changes,
         uuid: id.to_string(),
@@ -179,7 +224,8 @@ fn planned(
         enabled,
         reloaded,
         job_result: None,
-        active_state: now.then(|| state.active_state.clone()),
-        sub_state: now.then_some(state.sub_state),
+        active_state: state.as_ref().map(|s| s.active_state.clone()),
+        sub_state: state.map(|s| s.sub_state),
+        warnings: Vec::new(),
     })
 }

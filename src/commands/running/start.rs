@@ -26,6 +26,9 @@ pub struct StartReport {
     pub sub_state: String,
     /// The loop device afterwards: set after a start, null after a stop.
     pub device: Option<PathBuf>,
+    /// `start` or `stop`, for a dry run's sentence.
+    #[serde(skip)]
+    pub action: &'static str,
 }
 
 impl Report for StartReport {
@@ -39,6 +42,15 @@ impl Report for StartReport {
             format!("{}: {state}{device}", self.unit)
         } else {
             format!("{} was already {state}{device}", self.unit)
+        }
+    }
+
+    fn planned(&self) -> String {
+        let state = format!("{} ({})", self.active_state, self.sub_state);
+        if self.changed {
+            format!("would {} {}, which is {state} now", self.action, self.unit)
+        } else {
+            format!("{} is already {state}", self.unit)
         }
     }
 }
@@ -62,10 +74,10 @@ fn start_unit(registry: &Registry, id: &VolumeId, dry_run: bool) -> Result<Start
         let device = attach_planned(registry, id)?;
         let state = systemd.unit_state(&unit_name(id))?;
         let changed = device.is_none() || !state.is_active();
-        return Ok(planned(id, changed, state, device));
+        return Ok(planned(id, "start", changed, state, device));
     }
     let activation = start_attached(registry, &systemd, id)?;
-    Ok(report(id, activation.unit, activation.device))
+    Ok(report(id, "start", activation.unit, activation.device))
 }
 
 fn stop_unit(registry: &Registry, id: &VolumeId, dry_run: bool) -> Result<StartReport> {
@@ -74,18 +86,25 @@ fn stop_unit(registry: &Registry, id: &VolumeId, dry_run: bool) -> Result<StartR
         refuse_if_in_use(registry, id)?;
         let state = systemd.unit_state(&unit_name(id))?;
         let changed = !state.is_inactive() || !attached_devices(registry, id)?.is_empty();
-        return Ok(planned(id, changed, state, None));
+        return Ok(planned(id, "stop", changed, state, None));
     }
     let deactivation = stop_detached(registry, Some(&systemd), id)?;
-    let mut report = report(id, deactivation.unit, None);
+    let mut report = report(id, "stop", deactivation.unit, None);
     report.changed |= deactivation.changed;
     Ok(report)
 }
 
 /// A dry run's report: the unit as it is, and whether it would change.
-fn planned(id: &VolumeId, changed: bool, state: UnitState, device: Option<PathBuf>) -> StartReport {
+fn planned(
+    id: &VolumeId,
+    action: &'static str,
+    changed: bool,
+    state: UnitState,
+    device: Option<PathBuf>,
+) -> StartReport {
     report(
         id,
+        action,
         Some(UnitOutcome {
             changed,
             job_result: None,
@@ -95,7 +114,12 @@ fn planned(id: &VolumeId, changed: bool, state: UnitState, device: Option<PathBu
     )
 }
 
-fn report(id: &VolumeId, outcome: Option<UnitOutcome>, device: Option<PathBuf>) -> StartReport {
+fn report(
+    id: &VolumeId,
+    action: &'static str,
+    outcome: Option<UnitOutcome>,
+    device: Option<PathBuf>,
+) -> StartReport {
     let (changed, job_result, active_state, sub_state) = match outcome {
         Some(o) => (
             o.changed,
@@ -113,5 +137,6 @@ fn report(id: &VolumeId, outcome: Option<UnitOutcome>, device: Option<PathBuf>) 
         active_state,
         sub_state,
         device,
+        action,
     }
 }

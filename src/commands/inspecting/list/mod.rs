@@ -84,6 +84,7 @@ pub fn listing(registry: &Registry, wide: bool) -> Result<ListReport> {
     let file_systems = backing_file_systems(root, &valid);
     let mut volumes = Vec::new();
     let mut volume_warnings = Vec::new();
+    let mut unreadable = 0;
     let mut errors = Vec::new();
     for entry in &entries {
         match &entry.volume {
@@ -99,16 +100,24 @@ pub fn listing(registry: &Registry, wide: bool) -> Result<ListReport> {
                 let info = inspect(root, volume, lookup);
                 // Taken before the backing file system is added: a short
                 // one is the footer's to say, once, not once per volume.
+                unreadable += usize::from(info.needs_root.is_some());
                 volume_warnings.extend(
                     info.problems
                         .iter()
-                        .filter(|p| Some(*p) != said_once.as_ref())
+                        .filter(|p| {
+                            Some(*p) != said_once.as_ref() && Some(*p) != info.needs_root.as_ref()
+                        })
                         .map(|p| format!("{}: {p}", info.uuid)),
                 );
                 volumes.push(info.with_backing_fs(backing_fs_of(root, &file_systems, volume)));
             }
             Err(error) => errors.push(RegistryErrorRow::from(error)),
         }
+    }
+    if unreadable > 0 {
+        volume_warnings.push(format!(
+            "the backing files of {unreadable} volume(s) cannot be read without root, so their ALLOC shows ?; `sudo sparse-volume list` shows everything"
+        ));
     }
     let config = registry.config();
     Ok(ListReport {

@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use serde::Deserialize;
 
 use crate::volume::id::VolumeId;
-use crate::volume::reference::check_name_as_reference;
+use crate::volume::reference::{check_name_as_reference, parse_uuid_any_case};
 use crate::volume::size::parse_size;
 use crate::volume::spec::ModeKind;
 use crate::volume::spec::{FsType, SECTOR_SIZES};
@@ -86,7 +86,10 @@ impl Desired {
         };
         let desired = Self {
             state: document.state.unwrap_or_default(),
-            uuid: document.uuid.map(|text| text.parse()).transpose()?,
+            uuid: document
+                .uuid
+                .map(|text| parse_uuid_any_case(&text))
+                .transpose()?,
             name: document.name,
             size,
             mode,

@@ -12,13 +12,13 @@ use anyhow::{anyhow, bail, Context, Result};
 use serde::Serialize;
 
 use crate::commands::provisioning::create::{
-    create_volume, spec_differences, AskedSpec, CreateRequest,
+    create_volume, spec_differences, AskedSpec, CreateRequest, UUID_PLACEHOLDER,
 };
 use crate::commands::provisioning::{remove, resize};
 use crate::commands::report::{Failure, Outcome, Report};
 use crate::engine::activate::{
-    attached_devices, bring_down_now, bring_up_now, refuse_if_in_use, reload_if_reachable,
-    systemd_agrees,
+    attached_devices, bring_down_now, bring_up_now, flag_without_systemd, refuse_if_in_use,
+    reload_if_reachable, systemd_agrees,
 };
 use crate::engine::attach::{attach_planned, refuse_if_skipped};
 use crate::engine::inspect::UNKNOWN;
@@ -33,9 +33,6 @@ use crate::volume::spec::{Mode, ModeKind};
 use desired::{Desired, State};
 pub use record::VolumeRecord;
 use record::{record, record_without_runtime};
-
-/// Stands for the UUID a dry run of a create cannot know.
-pub const UUID_PLACEHOLDER: &str = "<uuid>";
 
 #[derive(Debug, Serialize)]
 pub struct ApplyReport {
@@ -314,7 +311,12 @@ impl Converge<'_> {
                 dry_run: self.dry_run,
             },
         )?;
-        let id: VolumeId = created.uuid.parse().map_err(|e: String| anyhow!(e))?;
+        let id: VolumeId = created
+            .uuid
+            .as_deref()
+            .context("create_volume reports the UUID it made")?
+            .parse()
+            .map_err(|e: String| anyhow!(e))?;
         self.uuid = Some(id);
         if created.changed {
             self.actions.push(format!(
@@ -447,6 +449,9 @@ impl Converge<'_> {
         }
         if stale {
             self.actions.push("reload".into());
+        }
+        if enabled_changed && self.systemd.is_none() {
+            self.warnings.push(flag_without_systemd(enabled_after));
         }
         if (enabled_changed || created || stale) && !self.dry_run {
             reload_if_reachable()?;

@@ -87,6 +87,7 @@ fn volume(spec: Spec) -> VolumeInfo {
             short: spec.fast,
         }),
         problems: Vec::new(),
+        needs_root: None,
     }
 }
 
