@@ -5,6 +5,10 @@
 #   packaging/build-packages.sh binaries     cargo build only (the spec's %build)
 #   packaging/build-packages.sh stage DIR    installs the built tree into DIR
 #                                            (the spec's %install)
+#   packaging/build-packages.sh licenses     after Cargo.lock changed: the
+#                                            crates' paragraphs of
+#                                            debian/copyright and the spec's
+#                                            License: from cargo metadata
 #
 # writes target/packages/sparse-volume_<version>-<revision>_<arch>.deb and
 # target/packages/sparse-volume-<version>-<revision>.<arch>.rpm (<version>
@@ -163,6 +167,10 @@ stage() {
         "$root/usr/share/fish/vendor_completions.d/$NAME.fish"
 
     install -D -m 0644 "$HERE/debian/copyright" "$root/usr/share/doc/$NAME/copyright"
+    # The README and the guides it points to, laid out as in the tree so
+    # that its links to docs/guide/ hold (the .deb compresses them).
+    install -m 0644 "$TOP/README.md" "$root/usr/share/doc/$NAME/README.md"
+    install -D -m 0644 -t "$root/usr/share/doc/$NAME/docs/guide" "$TOP"/docs/guide/*.md
 }
 
 # changelog.Debian for this build: one entry, dated like the commit.
@@ -212,6 +220,10 @@ build_deb() {
     # keeps the staged layout, with config.toml as %config(noreplace).)
     install -D -m 0644 "$root/etc/$NAME/config.toml" "$root/usr/share/$NAME/config.toml"
     rm -r "${root:?}/etc" "${root:?}/var"
+    # Debian policy 12.3: documentation is compressed, as dh_compress does
+    # (all of it, not only what is over 4 kB: the file names then do not
+    # change when a guide grows); copyright stays as it is.
+    gzip -9 -n "$root/usr/share/doc/$NAME/README.md" "$root/usr/share/doc/$NAME"/docs/guide/*.md
     debian_changelog "$deb_version" "$epoch" | gzip -9 -n \
         >"$root/usr/share/doc/$NAME/changelog.Debian.gz"
     chmod 0644 "$root/usr/share/doc/$NAME/changelog.Debian.gz"
@@ -219,7 +231,7 @@ build_deb() {
         "$root/usr/share/lintian/overrides/$NAME"
 
     install -d -m 0755 "$root/DEBIAN"
-    install -m 0755 -t "$root/DEBIAN" "$HERE/debian/postinst" "$HERE/debian/postrm"
+    install -m 0755 -t "$root/DEBIAN" "$HERE/debian/postinst" "$HERE/debian/prerm" "$HERE/debian/postrm"
     # Like dh_md5sums: every file (there are no conffiles).
     (cd "$root" && find . -path ./DEBIAN -prune -o -type f -printf '%P\0' |
         LC_ALL=C sort -z | xargs -0 md5sum) >"$root/DEBIAN/md5sums"
@@ -264,6 +276,21 @@ build_rpm() {
     log "wrote $OUT/$NAME-$version-$REVISION.$(rpm --eval '%{_arch}').rpm"
 }
 
+# After Cargo.lock changed: debian/copyright's paragraph per crate and the
+# spec's License: (every license of ours and of the crates, joined with
+# AND), from cargo metadata; review the diff. check-packages.sh fails
+# until this is done.
+update_licenses() {
+    local copyright=$HERE/debian/copyright spec=$HERE/rpm/$NAME.spec crates spdx
+    if ! crates=$(crate_licenses copyright) || ! spdx=$(crate_licenses spdx); then
+        die "cargo metadata (offline) or python3 failed"
+    fi
+    { copyright_own_part "$copyright" && echo && echo "$crates"; } >"$copyright.new"
+    mv "$copyright.new" "$copyright"
+    sed -i "s|^License:\( *\).*|License:\1${spdx//&/\\&}|" "$spec"
+    log "updated ${copyright#"$TOP/"} ($(grep -c '^Files: vendor/' "$copyright") crates) and License: in ${spec#"$TOP/"}"
+}
+
 set_mtimes() {
     find "$1" -exec touch -h -d "@$2" {} +
 }
@@ -291,11 +318,12 @@ main() {
     case "${1:-}" in
         "") build_all ;;
         binaries) build_binaries ;;
+        licenses) update_licenses ;;
         stage)
             [[ $# -eq 2 ]] || die "usage: $0 stage DIR"
             stage "$2"
             ;;
-        *) die "usage: $0 [binaries | stage DIR]" ;;
+        *) die "usage: $0 [binaries | stage DIR | licenses]" ;;
     esac
 }
 

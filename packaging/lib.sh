@@ -11,6 +11,43 @@ cargo_field() {
         -e '}' "$TOP/Cargo.toml"
 }
 
+# ------------------------------------------- the crates in the binaries
+
+# The crates compiled into the shipped binaries and their licenses, from
+# `cargo metadata` for the build host, offline and exactly as Cargo.lock
+# says (packaging/debian/crate-licenses.py): $1 = copyright prints
+# debian/copyright's paragraph per crate, $1 = spdx the RPM License: tag.
+# Needs python3: build-packages.sh licenses and check-packages.sh run it,
+# the package build itself does not.
+crate_licenses() {
+    local host
+    host=$(rustc -vV | sed -n 's/^host: //p')
+    (cd "$TOP" && cargo metadata --offline --locked --format-version 1 --filter-platform "$host") |
+        python3 "$TOP/packaging/debian/crate-licenses.py" "$1" sparse-volume sparse-volume-generator
+}
+
+# debian/copyright ($1) in two parts: what is written by hand (the header,
+# our own files and the license texts), and the crates' paragraphs that
+# `crate_licenses copyright` makes, which come last (Files: vendor/...).
+copyright_own_part() {
+    awk 'BEGIN { RS = ""; ORS = "\n\n" } /^Files: vendor\// { exit } { print }' "$1" | sed '$d'
+}
+
+copyright_crate_part() {
+    awk 'BEGIN { RS = ""; ORS = "\n\n" } /^Files: vendor\// { found = 1 } found { print }' "$1" | sed '$d'
+}
+
+# The project's license, MIT, as a LICENSE file: its copyright line and
+# text from debian/copyright (the one place they are written), for what
+# ships without that file (the Salt wheel, the Ansible collection).
+project_license() {
+    local copyright=$TOP/packaging/debian/copyright
+    printf 'MIT License\n\n'
+    awk 'BEGIN { RS = "" } /^Files: \*\n/' "$copyright" | sed -n 's/^Copyright: /Copyright (c) /p'
+    echo
+    awk 'BEGIN { RS = "" } /^License: MIT\n /' "$copyright" | sed -e '1d' -e 's/^ //' -e 's/^\.$//'
+}
+
 # ------------------------------------------------- the checks' bookkeeping
 
 passed=0

@@ -34,7 +34,7 @@ fn main() -> ExitCode {
             return usage_error(error, &args);
         }
     };
-    logging::init(cli.verbose);
+    logging::init(cli.verbose, cli.json);
     let registry = Registry::open(SystemRoot::from_env());
     let mut out = Output {
         json: cli.json,
@@ -61,7 +61,9 @@ fn main() -> ExitCode {
             if let (Command::Remove { .. }, Some(missing)) =
                 (&cli.command, error.downcast_ref::<NoSuchVolume>())
             {
-                return out.emit(Ok(RemoveReport::nothing_answers_to(missing)));
+                if missing.is_a_name_nobody_has() {
+                    return out.emit(Ok(RemoveReport::nothing_answers_to(missing)));
+                }
             }
             return out.fail(&format!("{error:#}"), ExitCode::FAILURE);
         }

@@ -456,6 +456,65 @@ fn enable_and_disable_without_systemd_do_what_apply_does() {
     assert_eq!(enabled(&fx), Some(false));
 }
 
+/// `enable --now` refuses what the attach would refuse before it writes
+/// the flag; on a machine systemd booted, a bus that does not answer is
+/// refused, not taken for "no systemd" (review of issue 25, item 13).
+#[test]
+fn enable_now_refuses_before_the_flag_and_a_silent_bus_is_not_no_systemd() {
+    needs_root!();
+    let fx = Fixture::new();
+    let created = fx.run_ok(&["create", "--size", "16M", "--name", "db", "--json"]);
+    let uuid = created.json()["uuid"].as_str().expect("uuid").to_string();
+    fx.run_ok(&["disable", "db"]);
+    let cmdline = fx.host("/proc/cmdline");
+    fs::create_dir_all(cmdline.parent().unwrap()).unwrap();
+    fs::write(&cmdline, format!("quiet sparse_volume.skip={uuid}\n")).unwrap();
+    let refused = fx.run(&["enable", "db", "--now", "--json"]);
+    assert_eq!(refused.code, 1, "{}", refused.stderr);
+    assert_eq!(refused.json()["changed"], false);
+    assert_eq!(registry_entry(&fx, &uuid)["enabled"].as_bool(), Some(false));
+    fs::remove_file(&cmdline).unwrap();
+
+    fs::create_dir_all(fx.host("/run/systemd/system")).unwrap();
+    let silent = fx.run(&["enable", "db"]);
+    assert_eq!(silent.code, 1, "{}", silent.stderr);
+    assert!(
+        silent.stderr.contains("does not answer"),
+        "{}",
+        silent.stderr
+    );
+    assert_eq!(registry_entry(&fx, &uuid)["enabled"].as_bool(), Some(false));
+}
+
+/// Without systemd, `enable --now` attaches under the registry lock, so a
+/// `disable --now` at the same time cannot leave a disabled volume
+/// attached (the review reproduced that once in 80 runs).
+#[test]
+fn enable_now_and_disable_now_at_once_never_leave_a_disabled_volume_attached() {
+    needs_root!();
+    let fx = Fixture::new();
+    let created = fx.run_ok(&["create", "--size", "16M", "--name", "db", "--json"]);
+    let uuid = created.json()["uuid"].as_str().expect("uuid").to_string();
+    for round in 0..100 {
+        let mut up = fx.command(&["enable", "db", "--now"]);
+        let mut down = fx.command(&["disable", "db", "--now"]);
+        let (up, down) = (up.spawn().unwrap(), down.spawn().unwrap());
+        let (up, down) = (
+            up.wait_with_output().unwrap(),
+            down.wait_with_output().unwrap(),
+        );
+        let enabled = registry_entry(&fx, &uuid)["enabled"].as_bool();
+        let attached = !loops_of(&fx.backing(&uuid)).is_empty();
+        assert!(
+            enabled == Some(true) || !attached,
+            "round {round}: disabled but attached ({:?} / {:?})",
+            String::from_utf8_lossy(&up.stderr),
+            String::from_utf8_lossy(&down.stderr)
+        );
+        fx.run_ok(&["disable", "db", "--now"]);
+    }
+}
+
 #[test]
 fn a_dry_run_refuses_what_the_real_run_refuses_mounted_and_out_of_space() {
     needs_root!();

@@ -554,7 +554,8 @@ fn documented_use_checks_clean_with_warnings_and_notes_that_name_the_volume() {
     assert_eq!(waiting["name"], "pg-data", "{waiting}");
     let message = waiting["message"].as_str().unwrap();
     assert!(
-        message.starts_with(&format!("pg-data ({uuid}): ")) && message.contains("next boot"),
+        message.starts_with(&format!("pg-data ({uuid}): "))
+            && message.contains("`sparse-volume attach"),
         "{message}"
     );
     the_finding(
@@ -580,7 +581,7 @@ fn documented_use_checks_clean_with_warnings_and_notes_that_name_the_volume() {
 
 // --- without systemd -------------------------------------------------------
 
-const DIRECTLY: &str = "attached directly; cannot reach systemd on the system bus";
+const DIRECTLY: &str = "attached directly (cannot reach systemd on the system bus";
 
 #[test]
 fn create_now_without_a_bus_says_it_attached_directly() {
@@ -625,10 +626,11 @@ fn check_repair_without_a_bus_says_it_attached_directly() {
         finding["message"].as_str().unwrap().contains(DIRECTLY),
         "how the repair was done is not said: {finding}"
     );
-    // Issue 25, item 16: one pair of parentheses, not one inside another.
+    // Issue 25, item 16: how it was repaired follows a semicolon, so
+    // systemd's reason is in one pair of parentheses, not two.
     let message = finding["message"].as_str().unwrap();
     assert!(
-        !message.contains("((") && !message.contains("directly ("),
+        message.contains("; attached directly (") && !message.contains("(attached directly"),
         "{finding}"
     );
 
@@ -1140,4 +1142,59 @@ fn a_backing_path_through_a_linked_directory_is_refused_and_reported() {
             .contains("attach refuses it"),
         "{finding}"
     );
+}
+
+/// Issue 25, item 2: reports say what is true of the device. A volume
+/// made read-only while attached stays read-write until its next attach:
+/// `list` and `status` say so, and `check` warns of the difference.
+#[test]
+fn a_read_only_flag_that_waits_for_the_next_attach_is_reported_as_such() {
+    needs_root!();
+    let fx = Fixture::new();
+    let made = fx.run_ok(&["create", "--size", "16M", "--name", "pg", "--now", "--json"]);
+    let uuid = made.json()["uuid"].as_str().unwrap().to_string();
+    let _detach = common::DetachOnDrop(made.json()["device"].as_str().unwrap().to_string());
+    fx.run_ok(&["apply", "--name", "pg", "--read-only", "true"]);
+
+    let listed = fx.run_ok(&["list", "--json"]).json();
+    assert_eq!(listed["volumes"][0]["read_only"], true, "{listed}");
+    assert_eq!(listed["volumes"][0]["device_read_only"], false, "{listed}");
+    let table = fx.run_ok(&["list"]);
+    assert!(!table.stdout.contains(" ro"), "{}", table.stdout);
+    let status = fx.run_ok(&["status", "pg"]);
+    assert!(
+        status
+            .stdout
+            .contains("read-write now, read-only from the next attach"),
+        "{}",
+        status.stdout
+    );
+    let (_, report) = check(&fx, false);
+    let pending = the_finding(
+        &report,
+        "read-only-pending",
+        "warning",
+        Some(&uuid),
+        &fx.backing(&uuid),
+    );
+    let message = pending["message"].as_str().unwrap();
+    assert!(message.contains("next attach"), "{pending}");
+    // What the device is now, in the scanner's words too.
+    assert!(
+        message.contains(&format!("is {}", "read-write")),
+        "{pending}"
+    );
+
+    fx.run_ok(&["detach", "pg"]);
+    let attached = fx.run_ok(&["attach", "pg", "--json"]).json();
+    let _detach_again = common::DetachOnDrop(attached["device"].as_str().unwrap().to_string());
+    let listed = fx.run_ok(&["list", "--json"]).json();
+    assert_eq!(listed["volumes"][0]["device_read_only"], true, "{listed}");
+    assert!(fx.run_ok(&["list"]).stdout.contains("ext4 ro"));
+    let (_, report) = check(&fx, false);
+    assert!(
+        findings_of(&report, "read-only-pending").is_empty(),
+        "{report}"
+    );
+    fx.run_ok(&["detach", "pg"]);
 }

@@ -163,6 +163,82 @@ fn enable_without_now_only_reloads_and_a_hand_edit_is_noticed() {
     assert_eq!(drift["changed"], true);
 }
 
+/// Issue 25, item 21: a volume the generator leaves out on purpose (the
+/// kernel command line's `sparse_volume.skip=` or `sparse_volume=off`)
+/// is never pulled in, whatever the flag: a converged node reports no
+/// change, instead of a reload and `changed` at every run.
+#[test]
+fn a_volume_the_command_line_skips_settles_instead_of_reloading_forever() {
+    needs_root!();
+    for cmdline in ["sparse_volume.skip={uuid}", "sparse_volume=off"] {
+        let world = World::new();
+        let uuid = world.volume(false);
+        let proc_cmdline = world.fx.host("/proc/cmdline");
+        fs::create_dir_all(proc_cmdline.parent().unwrap()).unwrap();
+        fs::write(&proc_cmdline, cmdline.replace("{uuid}", &uuid)).unwrap();
+        let first = world.run_ok(&["enable", &uuid, "--json"]).json();
+        assert_eq!(first["changed"], true, "{cmdline}: {first}");
+        let reloads = |world: &World| world.calls().iter().filter(|c| *c == "Reload").count();
+        let before = reloads(&world);
+        let again = world.run_ok(&["enable", &uuid, "--json"]).json();
+        assert_eq!(again["changed"], false, "{cmdline}: {again}");
+        let applied = world
+            .run_ok(&["apply", "--uuid", &uuid, "--enabled", "true", "--json"])
+            .json();
+        assert_eq!(applied["changed"], false, "{cmdline}: {applied}");
+        assert_eq!(reloads(&world), before, "{cmdline}: reloaded again");
+    }
+}
+
+/// Issue 25, item 10 and its review: an enabled volume that is not
+/// attached is a warning only while the boot could not have attached it
+/// yet (registered or changed since this boot, a `create` without
+/// `--now`); one the boot should have attached, whose unit is inactive
+/// (a dependency failed, a condition), is an error.
+#[test]
+fn not_attached_is_an_error_when_this_boot_should_have_attached_it() {
+    needs_root!();
+    let world = World::new();
+    let fresh = world.volume(true);
+    let (_, report) = check_on(&world);
+    let finding = not_attached(&report, &fresh);
+    assert_eq!(finding["severity"], "warning", "{finding}");
+    assert!(
+        finding["message"].as_str().unwrap().contains("next boot"),
+        "{finding}"
+    );
+
+    let old = world.volume(true);
+    // Registered before this boot: the generator saw it then.
+    tool(
+        "touch",
+        &["-d", "@1", world.fx.registry_file(&old).to_str().unwrap()],
+    );
+    let (run, report) = check_on(&world);
+    let finding = not_attached(&report, &old);
+    assert_eq!(finding["severity"], "error", "{finding}");
+    assert!(
+        finding["message"].as_str().unwrap().contains("journalctl"),
+        "{finding}"
+    );
+    assert_eq!(run.code, 1);
+}
+
+fn check_on(world: &World) -> (Run, serde_json::Value) {
+    let run = world.run(&["check", "--json"]);
+    let report = run.json();
+    (run, report)
+}
+
+fn not_attached<'a>(report: &'a serde_json::Value, uuid: &str) -> &'a serde_json::Value {
+    report["findings"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|f| f["kind"] == "not-attached" && f["uuid"] == uuid)
+        .unwrap_or_else(|| panic!("no not-attached finding for {uuid}: {report}"))
+}
+
 #[test]
 fn disable_now_clears_the_flag_and_stops() {
     needs_root!();

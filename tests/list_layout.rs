@@ -242,6 +242,19 @@ fn two_hundred_volumes_fit_a_hundred_columns() {
     // --wide is every column, however long.
     let wide = list(&fx, Some("100"), &["--wide"]);
     assert!(wide.stdout.starts_with("UUID  "), "{}", wide.stdout);
+    // Every column: the compact table's too (issue 25, item 17).
+    let header: Vec<&str> = wide
+        .stdout
+        .lines()
+        .next()
+        .unwrap()
+        .split_whitespace()
+        .collect();
+    for column in [
+        "NAME", "MODE", "FS", "RO", "SIZE", "ALLOC", "ENABLED", "DEVICE", "STATE", "UNIT", "PATH",
+    ] {
+        assert!(header.contains(&column), "{column} missing: {header:?}");
+    }
     assert!(wide.stdout.lines().any(|l| l.starts_with(&uuid(0))));
     assert!(wide
         .stdout
@@ -339,6 +352,8 @@ fn json_keys_are_kept() {
         "path",
         "enabled",
         "read_only",
+        // Issue 25, item 2: what the attached device is now.
+        "device_read_only",
         "device",
         "partition",
         "link",

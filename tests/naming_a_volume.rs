@@ -175,6 +175,14 @@ fn a_repeated_remove_by_name_succeeds_and_says_nothing_was_removed() {
     let report = again.json();
     assert_eq!(report["changed"], false, "{report}");
     assert!(report["uuid"].is_null(), "{report}");
+    // Said in the JSON too, so that config management sees a typo.
+    assert!(
+        report["note"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("no volume is named \"pg2\""),
+        "{report}"
+    );
     let human = fx.run_ok(&["remove", "pg2"]);
     assert!(
         human.stdout.contains("nothing to remove") && human.stdout.contains("pg2"),
@@ -183,4 +191,32 @@ fn a_repeated_remove_by_name_succeeds_and_says_nothing_was_removed() {
     );
     let status = fx.run(&["status", "pg2"]);
     assert_eq!(status.code, 1, "{}", status.stderr);
+    // A path or a device that resolves to nothing may be a volume's,
+    // written another way: not "nothing to remove".
+    let other = created(&fx, &[]);
+    let roundabout = format!("/var/lib/sparse-volume/../sparse-volume/{other}");
+    for reference in [roundabout.as_str(), "loop4099"] {
+        let refused = fx.run(&["remove", reference]);
+        assert_eq!(refused.code, 1, "{reference}: {}", refused.stdout);
+    }
+    assert!(fx.registry_file(&other).exists());
+    // A name held by a registry file that does not read is not "nothing to
+    // remove": that volume may well exist.
+    let broken = created(&fx, &["--name", "pg3"]);
+    std::fs::write(fx.registry_file(&broken), "name = \"pg3\"\nsize = [\n").unwrap();
+    let refused = fx.run(&["remove", "pg3"]);
+    assert_eq!(refused.code, 1, "{}{}", refused.stdout, refused.stderr);
+    assert!(
+        refused.stderr.contains("does not read"),
+        "{}",
+        refused.stderr
+    );
+    // Nor when a stray byte that is not UTF-8 breaks the file.
+    let web = created(&fx, &["--name", "web"]);
+    let mut bytes = std::fs::read(fx.registry_file(&web)).unwrap();
+    bytes.extend_from_slice(b"# \xff\n");
+    std::fs::write(fx.registry_file(&web), bytes).unwrap();
+    let refused = fx.run(&["remove", "web"]);
+    assert_eq!(refused.code, 1, "{}{}", refused.stdout, refused.stderr);
+    assert!(fx.registry_file(&web).exists());
 }

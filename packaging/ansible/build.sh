@@ -35,6 +35,8 @@ work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 cp -r "$source_dir" "$work/sparse_volume"
 find "$work/sparse_volume" \( -name __pycache__ -o -name output -path '*/tests/output' \) -prune -exec rm -rf {} +
+# The collection carries the license text, at its top as Galaxy expects.
+project_license >"$work/sparse_volume/LICENSE"
 
 mkdir -p "$outdir"
 tarball=$outdir/sparse_volume-sparse_volume-$version.tar.gz

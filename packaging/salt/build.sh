@@ -26,6 +26,9 @@ cp "$here/wheel/__init__.py" "$package/__init__.py"
 cp "$here/_modules/sparse_volume.py" "$package/modules/sparse_volume.py"
 cp "$here/_states/sparse_volume.py" "$package/states/sparse_volume.py"
 cp "$here/README.md" "$stage/README.md"
+# The wheel carries the license (setuptools takes LICENSE* into the
+# wheel's .dist-info/licenses/ by default).
+project_license >"$stage/LICENSE"
 # | as the sed delimiter: the homepage holds slashes.
 sed -e "s|@VERSION@|$(cargo_field version)|" \
     -e "s|@LICENSE@|$(cargo_field license)|" \

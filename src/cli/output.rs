@@ -6,6 +6,7 @@ use std::process::ExitCode;
 
 use serde::Serialize;
 
+use crate::cli::logging::clear_progress;
 use crate::commands::report::{Failure, Outcome, Report};
 
 /// A report with `dry_run` added after its own fields.
@@ -32,6 +33,7 @@ pub struct Output {
 
 impl Output {
     pub fn emit<R: Report>(&self, outcome: Outcome<R>) -> ExitCode {
+        clear_progress();
         let report = match outcome {
             Ok(report) => report,
             Err(failure) => return self.failed(&failure),
@@ -66,6 +68,7 @@ impl Output {
     /// A document another program reads (metrics, manifests): printed as
     /// it is, whatever `--json` says; failures as usual.
     pub fn document(&self, outcome: Outcome<String>) -> ExitCode {
+        clear_progress();
         match outcome {
             Ok(text) => {
                 print!("{text}");
@@ -118,6 +121,7 @@ impl Output {
     /// A failure that changed nothing: one line on stderr and, with
     /// `--json`, `changed: false` with the error.
     pub fn fail(&self, message: &str, code: ExitCode) -> ExitCode {
+        clear_progress();
         eprintln!("sparse-volume: {message}");
         if self.json {
             println!(
@@ -135,5 +139,6 @@ impl Output {
 }
 
 pub fn warn(warning: &str) {
+    clear_progress();
     eprintln!("sparse-volume: warning: {warning}");
 }

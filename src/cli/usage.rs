@@ -32,7 +32,7 @@ pub fn usage_error(error: clap::Error, args: &[String]) -> ExitCode {
     message.push_str(&format!("; `{} --help` shows the usage", command_of(args)));
     let out = Output {
         json,
-        dry_run: false,
+        dry_run: args.iter().any(|arg| arg == "--dry-run"),
         uuid: None,
         doing: String::new(),
     };

@@ -13,6 +13,7 @@ use crate::engine::detach::{backing_file_deleted, detach, find_devices, recovery
 use crate::kernel::holders::{in_use, users_of_loop};
 use crate::kernel::loop_device::LoopDevice;
 use crate::registry::Registry;
+use crate::systemd::kernel_cmdline::skip_reason;
 use crate::systemd::unit::VOLUMES_TARGET;
 use crate::systemd::{
     job_wait, last_error_of_run, last_journal_lines, unit_name, Systemd, UnitState, JOB_DONE,
@@ -79,9 +80,27 @@ pub fn attach_directly(
         changed: attached.changed,
         device: Some(attached.device),
         unit: None,
-        how: format!("attached directly; {reason:#}"),
+        how: format!("attached directly ({reason:#})"),
     })
 }
+
+/// systemd, or why there is none to ask: `Err` only on a machine systemd
+/// did not boot (a chroot, an image build, a container), where the
+/// registry's flag is all there is. On a machine it booted, a bus that
+/// does not answer is an error, not "no systemd": a flag or a device
+/// changed behind its back would leave units that do not know.
+pub fn systemd_unless_absent(registry: &Registry) -> Result<Result<Systemd>> {
+    match Systemd::connect() {
+        Ok(systemd) => Ok(Ok(systemd)),
+        Err(reason) if registry.root().host_path(SYSTEMD_BOOTED).exists() => Err(reason.context(
+            "systemd runs on this machine but does not answer on the system bus; nothing was changed",
+        )),
+        Err(reason) => Ok(Err(reason)),
+    }
+}
+
+/// What `sd_booted()` looks at: present only when systemd is PID 1.
+const SYSTEMD_BOOTED: &str = "/run/systemd/system";
 
 /// What `enable`, `disable` and `apply` say when they write the flag
 /// without systemd: only the generator at the next boot will read it.
@@ -293,11 +312,19 @@ fn job_failed(
 /// True when systemd's loaded configuration already reflects the flag: the
 /// generator's link from `sparse-volumes.target` (a `.wants` link; older
 /// versions made `.requires`) shows in the unit's `RequiredBy`/`WantedBy` exactly when the
-/// volume is enabled. When in doubt, say no (a needless reload is
-/// harmless, a missing one is not).
-pub fn systemd_agrees(systemd: &Systemd, unit: &str, enabled: bool) -> bool {
-    match systemd.unit_state(unit) {
-        Ok(state) => state.is_pulled_in_by(VOLUMES_TARGET) == enabled,
+/// volume is enabled and the kernel command line does not skip it (then
+/// no reload would ever make it show). When in doubt, say no (a needless
+/// reload is harmless, a missing one is not).
+pub fn systemd_agrees(
+    registry: &Registry,
+    systemd: &Systemd,
+    id: &VolumeId,
+    enabled: bool,
+) -> bool {
+    let unit = unit_name(id);
+    let pulled_in = enabled && skip_reason(registry.root(), id).is_none();
+    match systemd.unit_state(&unit) {
+        Ok(state) => state.is_pulled_in_by(VOLUMES_TARGET) == pulled_in,
         Err(e) => {
             tracing::debug!("cannot compare systemd's view of {unit}: {e:#}");
             false

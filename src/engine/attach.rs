@@ -242,7 +242,13 @@ pub fn attach(registry: &Registry, id: &VolumeId) -> Result<AttachReport> {
                 reference: id.loop_reference(),
                 discard: !volume.preallocated,
             };
+            tracing::info!(
+                progress = true,
+                "binding {} to a free loop device",
+                volume.path.display()
+            );
             let bound = loop_device::bind_to_free_device(&backing, &options)?;
+            tracing::info!("bound to {}", LoopDevice::path_of(bound.number).display());
             warnings.extend(bound.warnings);
             if let Some(warning) = sector_warning {
                 warnings.push(warning);
@@ -344,6 +350,11 @@ fn await_link(
     let timeout = registry.config().udev_timeout;
     let control_socket = registry.root().host_path(CONTROL_SOCKET);
     let slots = registry.root().run_dir();
+    tracing::info!(
+        progress = true,
+        "waiting for udev's link {}",
+        link.display()
+    );
     match wait_for_link(&control_socket, &slots, link, &target, timeout) {
         LinkOutcome::Linked => Ok("linked"),
         LinkOutcome::NoUdev => Ok("no-udev"),

@@ -329,6 +329,7 @@ fn open_to_detach(number: u32) -> Result<Option<LoopDevice>> {
 /// which is then none of our business. Gone or reused counts as detached.
 pub(crate) fn detach_device(number: u32, backing: (u64, u64)) -> Result<()> {
     let path = LoopDevice::path_of(number);
+    tracing::info!(progress = true, "detaching {}", path.display());
     let Some(device) = open_to_detach(number)? else {
         return Ok(());
     };

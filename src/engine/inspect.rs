@@ -39,6 +39,10 @@ pub struct VolumeInfo {
     pub path: PathBuf,
     pub enabled: bool,
     pub read_only: bool,
+    /// What the kernel says of the attached device, which differs from
+    /// `read_only` until the next attach after the flag changed; null
+    /// when not attached.
+    pub device_read_only: Option<bool>,
     /// The loop device the backing file is attached to, null if none.
     pub device: Option<PathBuf>,
     /// Block mode: the partition consumers use (`/dev/loopNp1`) when it exists.
@@ -137,6 +141,7 @@ pub fn inspect(root: &SystemRoot, volume: &Volume, unit_lookup: UnitLookup) -> V
         ));
     }
     let device = devices.first().map(|n| LoopDevice::path_of(*n));
+    let device_read_only = devices.first().and_then(|n| LoopDevice::is_read_only(*n));
     let partition = device
         .as_ref()
         .filter(|_| volume.mode.is_block())
@@ -173,6 +178,7 @@ pub fn inspect(root: &SystemRoot, volume: &Volume, unit_lookup: UnitLookup) -> V
         path: volume.path.clone(),
         enabled: volume.enabled,
         read_only: volume.read_only,
+        device_read_only,
         device,
         partition,
         link,
@@ -254,11 +260,7 @@ impl VolumeInfo {
         }
         row(
             "enabled:",
-            format!(
-                "{}{}",
-                yes_no(self.enabled),
-                if self.read_only { ", read-only" } else { "" }
-            ),
+            format!("{}{}", yes_no(self.enabled), self.read_only_words()),
         );
         row(
             "device:",
@@ -289,6 +291,23 @@ impl VolumeInfo {
             lines.push(format!("  problem:  {problem}"));
         }
         lines.join("\n")
+    }
+}
+
+impl VolumeInfo {
+    /// Read-only as the device has it now, for the table's `ro`.
+    pub fn is_read_only_now(&self) -> bool {
+        self.device_read_only.unwrap_or(self.read_only)
+    }
+
+    /// ", read-only", or the change that waits for the next attach.
+    fn read_only_words(&self) -> &'static str {
+        match (self.device_read_only, self.read_only) {
+            (Some(false), true) => ", read-write now, read-only from the next attach",
+            (Some(true), false) => ", read-only now, read-write from the next attach",
+            (_, true) => ", read-only",
+            (_, false) => "",
+        }
     }
 }
 

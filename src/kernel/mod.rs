@@ -6,6 +6,7 @@
 #![allow(unsafe_code)]
 
 pub mod block_device;
+pub mod capabilities;
 pub mod child_process;
 pub mod extents;
 pub mod files;

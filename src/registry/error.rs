@@ -101,6 +101,16 @@ pub struct NoSuchVolume {
     pub as_path: bool,
 }
 
+impl NoSuchVolume {
+    /// A plain name (no path, no loop device) that no volume has: what a
+    /// repeated `remove` by name meets. A path or a device that resolves
+    /// to nothing may still be a volume's, written another way.
+    pub fn is_a_name_nobody_has(&self) -> bool {
+        !self.reference.contains('/')
+            && !crate::volume::reference::reads_as_loop_device(&self.reference)
+    }
+}
+
 impl fmt::Display for NoSuchVolume {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "no volume is named {:?}", self.reference)?;

@@ -464,7 +464,9 @@ fn load_config(file: &Path) -> Result<(Config, Vec<RegistryWarning>), RegistryEr
 /// `volumes.d` names nothing (and must not hang or flood the lookup).
 fn raw_name(file: &Path) -> Option<String> {
     let contents = trust::read(file).ok()?;
-    raw_string(std::str::from_utf8(&contents.bytes).ok()?, "name")
+    // Lossy, as the path lookup reads them: a stray byte elsewhere in the
+    // file must not hide the name it holds.
+    raw_string(&String::from_utf8_lossy(&contents.bytes), "name")
 }
 
 /// The `path` of a registry file that does not validate.

@@ -67,6 +67,11 @@ impl UnitState {
         self.active_state == "failed"
     }
 
+    /// Its start job runs now.
+    pub fn is_activating(&self) -> bool {
+        self.active_state == "activating"
+    }
+
     /// How long systemd gives a start job, `None` when unlimited.
     pub fn start_timeout(&self) -> Option<Duration> {
         finite(self.timeout_start_usec)

@@ -67,6 +67,10 @@ pub fn make_filesystem(
     };
     args.extend(options.iter().map(OsString::from));
     args.push(target.as_os_str().to_owned());
+    tracing::info!(
+        progress = true,
+        "making the {fs_type} file system ({program})"
+    );
     run(program, args)
 }
 

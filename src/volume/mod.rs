@@ -9,6 +9,7 @@ pub mod filesystem;
 pub mod gpt_layout;
 pub mod growing_mark;
 pub mod id;
+pub mod kept_mark;
 pub mod probe;
 pub mod reference;
 pub mod size;

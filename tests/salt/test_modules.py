@@ -52,6 +52,43 @@ def refused(message):
     }
 
 
+def partly_applied(message, actions):
+    """A step failed after another changed the volume: the CLI's report
+    says changed, the UUID (chosen by the CLI when none was given) and
+    what was done, besides the error."""
+    return {
+        "retcode": 1,
+        "stdout": json.dumps({"changed": True, "uuid": REPORT_CREATE["uuid"],
+                              "actions": actions, "dry_run": False, "error": message}),
+        "stderr": f"sparse-volume: {message}\n",
+        "pid": 1,
+    }
+
+
+CREATE = "create a filesystem (ext4) volume of 1.00 GiB"
+LATE = (f"applying a volume named data: {REPORT_CREATE['uuid']} after: {CREATE}: "
+        "attaching: no free loop device")
+RELOAD = ("systemd is not reachable, so nothing was reloaded: enabled = false takes effect "
+          "at the next boot")
+TYPO = '/etc/sparse-volume/config.toml:3: unknown key "storage_root"; ignored'
+UNKNOWN = "unit states are unknown: cannot reach systemd on the system bus"
+
+
+def warned(answer, *warnings):
+    """answer with the CLI's warning lines (and a log line) on stderr first."""
+    lines = [f"sparse-volume: warning: {w}" for w in warnings] + ["INFO a log line"]
+    return dict(answer, stderr="\n".join(lines) + "\n" + answer["stderr"])
+
+
+def listing_with_errors():
+    """`list` when a registry file does not read: exit 1, the listing complete."""
+    listing = {"changed": False, "volumes": [{"uuid": REPORT_CREATE["uuid"], "name": "data"}],
+               "errors": [{"file": "/etc/sparse-volume/volumes.d/x.toml", "line": 1,
+                           "reason": "string values must be quoted"}],
+               "systemd_error": None, "storage_roots": [], "dry_run": False}
+    return listing, {"retcode": 1, "stdout": json.dumps(listing), "stderr": "", "pid": 1}
+
+
 @pytest.fixture
 def binary(tmp_path):
     path = tmp_path / "sparse-volume"
@@ -148,6 +185,95 @@ def test_list_and_status(execution_module, wire, binary):
         [binary, "list", "--json"],
         [binary, "status", "data", "--json"],
     ]
+
+
+def test_apply_after_a_partial_change_raises_with_the_change(execution_module, wire):
+    wire(CLI(partly_applied(LATE, [CREATE])))
+    with pytest.raises(CommandExecutionError) as exc:
+        execution_module.apply(name="data", size="1G", now=True)
+    # The CLI's sentence, and what salt-call prints after it ("Additional
+    # info follows"): the volume now exists, under this UUID.
+    assert exc.value.error == LATE
+    assert exc.value.info == {"changed": True, "uuid": REPORT_CREATE["uuid"], "actions": [CREATE]}
+    assert REPORT_CREATE["uuid"] in str(exc.value).split("Additional info follows")[1]
+
+
+def test_a_refusal_carries_no_info(execution_module, wire):
+    wire(CLI(refused(SHRINK)))
+    with pytest.raises(CommandExecutionError) as exc:
+        execution_module.apply(name="data", size="1G")
+    assert exc.value.info is None
+
+
+def test_apply_returns_the_cli_warnings(execution_module, wire):
+    wire(CLI(warned(ok(REPORT_CREATE), TYPO, RELOAD)))
+    report = execution_module.apply(name="data", enabled=False)
+    assert report == dict(REPORT_CREATE, warnings=[TYPO, RELOAD])
+
+
+def test_no_warnings_no_warnings_key(execution_module, wire):
+    wire(CLI(dict(ok(REPORT_CREATE), stderr="INFO a log line\n")))
+    assert "warnings" not in execution_module.apply(name="data")
+
+
+def test_a_failure_carries_the_warnings(execution_module, wire):
+    wire(CLI(warned(refused(SHRINK), TYPO)))
+    with pytest.raises(CommandExecutionError) as exc:
+        execution_module.apply(name="data", size="1G")
+    assert exc.value.error == SHRINK
+    assert exc.value.info == {"warnings": [TYPO]}
+
+
+def test_list_returns_registry_files_that_do_not_read(execution_module, wire):
+    listing, answer = listing_with_errors()
+    wire(CLI(warned(answer, UNKNOWN)))
+    assert execution_module.list_() == dict(listing, warnings=[UNKNOWN])
+
+
+def test_list_that_failed_raises(execution_module, wire):
+    message = "cannot read /etc/sparse-volume/config.toml: Permission denied"
+    wire(CLI(refused(message)))
+    with pytest.raises(CommandExecutionError) as exc:
+        execution_module.list_()
+    assert exc.value.error == message
+
+
+def test_list_usage_error_raises_whatever_stdout_holds(execution_module, wire):
+    _, answer = listing_with_errors()
+    wire(CLI(dict(answer, retcode=2, stderr="error: unexpected argument\n")))
+    with pytest.raises(CommandExecutionError):
+        execution_module.list_()
+
+
+def test_present_after_a_partial_change_fails_with_the_change(state_module, wire):
+    wire(CLI(partly_applied(LATE, [CREATE])))
+    ret = state_module.present("data", size="1G", now=True)
+    assert ret["result"] is False
+    assert ret["comment"] == LATE
+    # The volume exists now: Salt must show it as a change, with its UUID.
+    assert ret["changes"] == {"uuid": REPORT_CREATE["uuid"], "actions": [CREATE]}
+
+
+def test_present_passes_the_warnings_on(state_module, wire):
+    disabled = dict(REPORT_CREATE, actions=["disable"])
+    wire(CLI(warned(ok(disabled), RELOAD)))
+    ret = state_module.present("data", enabled=False)
+    assert ret["result"] is True
+    assert ret["warnings"] == [RELOAD]
+    assert "warnings" not in ret["changes"]
+
+
+def test_present_unchanged_passes_the_warnings_on(state_module, wire):
+    wire(CLI(warned(ok(REPORT_UNCHANGED), TYPO)))
+    ret = state_module.present("data", size="1G")
+    assert ret["changes"] == {} and ret["warnings"] == [TYPO]
+
+
+def test_present_refused_passes_the_warnings_on(state_module, wire):
+    wire(CLI(warned(refused(SHRINK), TYPO)))
+    ret = state_module.present("data", size="1G")
+    assert ret["result"] is False and ret["comment"] == SHRINK
+    assert ret["warnings"] == [TYPO]
 
 
 def test_present_creates(state_module, wire):

@@ -13,6 +13,7 @@ import os
 import shutil
 import subprocess
 import sys
+import uuid
 from pathlib import Path
 
 import pytest
@@ -118,6 +119,34 @@ class Node:
 
     def registry(self):
         return sorted((self.root / "etc/sparse-volume/volumes.d").glob("*.toml"))
+
+    def wheel_site(self):
+        """The saltext wheel (SV_SALT_WHEEL, built by run.sh) installed
+        into a directory of its own, for PYTHONPATH; installed once."""
+        site = self.base / "wheel-site"
+        if site.exists():
+            return site
+        wheel = os.environ.get("SV_SALT_WHEEL")
+        if not wheel:
+            pytest.fail("SV_SALT_WHEEL is not set: run tests/salt/run.sh")
+        subprocess.run(
+            [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps",
+             "--disable-pip-version-check", "--target", str(site), wheel],
+            check=True,
+        )
+        return site
+
+    def plant_unusable_lock(self, volume):
+        """A lock file of the volume, owned by nobody, where its attach takes
+        its lock: the CLI refuses a lock file that another user could hold
+        open. `create` takes no lock of the volume's, so a create with `now`
+        makes the volume, then its start fails: a real partial failure,
+        without systemd."""
+        lock = self.root / "run/sparse-volume" / f"{volume}.lock"
+        lock.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
+        lock.write_text("")
+        os.chown(lock, 65534, 65534)
+        return lock
 
     def backing(self, uuid):
         return self.root / "var/lib/sparse-volume" / uuid
@@ -361,15 +390,7 @@ def test_absent_with_delete_data(node):
 def test_the_wheel_loads_through_its_entry_point(node):
     """The saltext wheel (SV_SALT_WHEEL, built by run.sh), installed into a
     directory on PYTHONPATH, with a minion whose file root has no modules."""
-    wheel = os.environ.get("SV_SALT_WHEEL")
-    if not wheel:
-        pytest.fail("SV_SALT_WHEEL is not set: run tests/salt/run.sh")
-    site = node.base / "wheel-site"
-    subprocess.run(
-        [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps",
-         "--disable-pip-version-check", "--target", str(site), wheel],
-        check=True,
-    )
+    site = node.wheel_site()
     empty = node.base / "empty-srv"
     empty.mkdir()
     config_dir = node.minion_config("wheel", empty)
@@ -386,6 +407,88 @@ def test_the_wheel_loads_through_its_entry_point(node):
     )
     (ret,) = local.values()
     assert status == 0 and ret["result"] is True and ret["changes"] == {}, ret
+
+
+def test_a_synced_module_wins_over_the_wheel(node):
+    """What packaging/salt/README.md says about using both: since Salt
+    3006.7 the loader takes a module synced from the file root before the
+    same module from an extension's entry point (before 3006.7 the wheel's
+    won). A synced copy with one more function shows which was loaded."""
+    srv = node.base / "marked-srv"
+    (srv / "_modules").mkdir(parents=True)
+    marked = EXECUTION_MODULE.read_text() + '\n\ndef which_copy():\n    return "synced"\n'
+    (srv / "_modules/sparse_volume.py").write_text(marked)
+    config_dir = node.minion_config("marked", srv)
+    env = dict(node.env, PYTHONPATH=str(node.wheel_site()))
+    status, synced = node.salt_call("saltutil.sync_modules", config_dir=config_dir, env=env)
+    assert status == 0 and synced == ["modules.sparse_volume"], synced
+    status, which = node.salt_call("sparse_volume.which_copy", config_dir=config_dir, env=env)
+    assert status == 0 and which == "synced", which
+
+
+def test_a_failure_after_a_change_reports_the_change(node):
+    late = str(uuid.uuid4())  # known ahead: the lock file is named by it
+    lock = node.plant_unusable_lock(late)
+    try:
+        status, local = node.salt_call(
+            "state.single", "sparse_volume.present", "name=late", f"uuid={late}",
+            "size=64M", "now=True",
+        )
+    finally:
+        lock.unlink()
+    (ret,) = local.values()
+    assert status != 0
+    assert ret["result"] is False, ret
+    assert "owned by uid 65534" in ret["comment"], ret
+    # The volume was made before the start failed: Salt counts the change,
+    # and says which volume it is.
+    assert ret["changes"]["uuid"] == late, ret
+    assert [a.split()[0] for a in ret["changes"]["actions"]] == ["create"], ret
+    assert (node.root / f"etc/sparse-volume/volumes.d/{late}.toml").is_file()
+    assert node.backing(late).stat().st_size == 64 * MIB
+    assert node.loop_devices() == []
+    node.uuids["late"] = late
+
+
+def test_the_cli_warnings_are_the_states(node):
+    # No systemd here: the CLI writes the flag and warns that nothing was
+    # reloaded.
+    status, local = node.salt_call(
+        "state.single", "sparse_volume.present", "name=late", "enabled=False"
+    )
+    (ret,) = local.values()
+    assert status == 0 and ret["result"] is True, ret
+    assert ret["changes"]["actions"] == ["disable"], ret
+    assert [w.split(":")[0] for w in ret.get("warnings", [])] == [
+        "systemd is not reachable, so nothing was reloaded"
+    ], ret
+
+
+def test_list_returns_registry_files_that_do_not_read(node):
+    bad = node.root / "etc/sparse-volume/volumes.d" / f"{uuid.uuid4()}.toml"
+    bad.write_text("size = 64M\n")  # a size must be quoted
+    try:
+        status, listing = node.salt_call("sparse_volume.list")
+    finally:
+        bad.unlink()
+    # `list` exits 1 for it, with its listing complete all the same.
+    assert status == 0, listing
+    assert sorted(v["name"] for v in listing["volumes"]) == ["ext4-data", "late"]
+    assert [(e["file"], e["line"]) for e in listing["errors"]] == [(str(bad), 1)], listing
+    assert [w.split(":")[0] for w in listing.get("warnings", [])] == [
+        "unit states are unknown"
+    ], listing
+
+
+def test_the_partly_made_volume_goes(node):
+    late = node.uuids["late"]
+    status, local = node.salt_call(
+        "state.single", "sparse_volume.absent", "name=late", "delete_data=True"
+    )
+    (ret,) = local.values()
+    assert status == 0 and ret["result"] is True, ret
+    assert ret["changes"]["actions"] == ["remove", "delete-data"], ret
+    assert not node.backing(late).exists()
 
 
 def test_no_loop_device_left(node):

@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use sparse_volume::registry::paths::SystemRoot;
 use sparse_volume::registry::Registry;
+use sparse_volume::systemd::kernel_cmdline::skip_reason;
 use sparse_volume::systemd::unit::VOLUMES_TARGET;
 use sparse_volume::systemd::unit_name;
 use zbus::object_server::SignalEmitter;
@@ -265,11 +266,14 @@ impl Manager {
             .map_err(|e| zbus::fdo::Error::Failed(e.to_string()))?;
         for volume in entries.into_iter().filter_map(|e| e.volume.ok()) {
             let name = unit_name(&volume.id);
-            if volume.enabled {
+            // As the real generator: a volume the kernel command line
+            // skips gets no `.wants` link (generator golden cases 20-22).
+            let wanted = volume.enabled && skip_reason(registry.root(), &volume.id).is_none();
+            if wanted {
                 self.load(server, &name).await?;
             }
             if let Some(record) = self.state.lock().unwrap().units.get_mut(&name) {
-                record.wanted_by = if volume.enabled {
+                record.wanted_by = if wanted {
                     vec![VOLUMES_TARGET.to_string()]
                 } else {
                     Vec::new()

@@ -29,6 +29,9 @@
 #   guest.sh readme-create    the README's first-volume commands, as written
 #   guest.sh readme-check     after the reboot: the README's check commands,
 #                             the volume back and mounted; then removed
+#   guest.sh emergency-switch-doc
+#                             in a boot with sparse_volume.skip=: the
+#                             emergency-switch guide's commands, as written
 #
 # Volume UUIDs are chosen at setup and kept in $STATE for later phases.
 # SV_VM_SOFT=1: a failed check is logged (and kept in $SOFT_FAILURES)
@@ -541,19 +544,22 @@ verify_lean_units() {
     log "the units ran $LEAN at boot: \"$said\""
 }
 
-# The N-th ```sh block of the README (copied in by scenario.sh).
-readme_block() {
-    awk -v want="$1" '/^```sh$/ { n++; if (n == want) { inside = 1; next } } /^```$/ { if (inside) exit } inside' /root/README.md
+# The N-th ```sh block of a doc page that scenario.sh copies in (README.md,
+# emergency-switch.md, monitoring.md). tests/doc_commands.rs checks that
+# every shell block of the docs is run by a `doc_block PAGE N` here (or
+# by the scripts CI runs).
+doc_block() {
+    awk -v want="$2" '/^```sh$/ { n++; if (n == want) { inside = 1; next } } /^```$/ { if (inside) exit } inside' "/root/$1"
 }
 
 readme_create() {
     local block
-    block=$(readme_block 2)
+    block=$(doc_block README.md 2)
     grep -q 'sparse-volume create' <<<"$block" || fail "README: the second sh block is not the first volume: $block"
     bash -euo pipefail -c "$block" || fail "README: the first volume's commands failed as written: $block"
     findmnt /srv/pg >/dev/null || fail "README: /srv/pg is not mounted after its commands"
-    [[ $(readme_block 3) == "systemctl reboot" ]] ||
-        fail "README: the reboot block is not 'systemctl reboot' (scenario.sh reboots the guest so): $(readme_block 3)"
+    [[ $(doc_block README.md 3) == "systemctl reboot" ]] ||
+        fail "README: the reboot block is not 'systemctl reboot' (scenario.sh reboots the guest so): $(doc_block README.md 3)"
     log "README: the first volume made and mounted, as written"
 }
 
@@ -561,7 +567,7 @@ readme_check() {
     local block out source
     # As a reader would: once the boot is over (the mount is nofail).
     systemctl is-system-running --wait >/dev/null || true
-    block=$(readme_block 4)
+    block=$(doc_block README.md 4)
     out=$(bash -euo pipefail -c "$block" 2>&1) || fail "README: the commands after the reboot failed as written: $out"
     source=$(findmnt -n -o SOURCE /srv/pg) || fail "README: /srv/pg is not mounted after the reboot"
     grep -qE '^ +device: +/dev/loop[0-9]+$' <<<"$out" || fail "README: status shows no loop device for the volume: $out"
@@ -572,6 +578,44 @@ readme_check() {
     systemctl daemon-reload
     $CLI remove pg-data --delete-data >/dev/null || fail "README: removing pg-data failed"
     log "README: after the reboot /srv/pg is mounted from $source, status shows its device; removed again"
+}
+
+# The emergency-switch guide's commands, as written, in a boot with
+# sparse_volume.skip=: its placeholder UUID stands for a skipped volume.
+# Every line runs; each exits 0, or 1 where an audit finds something
+# (attach must: it is refused while the switch is on, naming it). Its last
+# line, the reboot, is the scenario's next boot.
+emergency_switch_doc() {
+    # shellcheck disable=SC1090
+    . "$STATE"
+    local skipped uuid block line command rc out ran=0
+    skipped=$(switch_skips)
+    uuid=${skipped%% *}
+    [[ -n $uuid ]] || fail "emergency-switch guide: this boot skips no volume"
+    block=$(doc_block emergency-switch.md 1)
+    [[ $(tail -n 1 <<<"$block" | sed 's/ *#.*$//') == "systemctl reboot" ]] ||
+        fail "emergency-switch guide: the block does not end with 'systemctl reboot': $block"
+    while IFS= read -r line; do
+        command=$(sed 's/ *#.*$//' <<<"$line")
+        [[ -n $command && $command != "systemctl reboot" ]] || continue
+        command=${command//2f0c…/$uuid}
+        rc=0
+        out=$(bash -o pipefail -c "$command" 2>&1) || rc=$?
+        case $command in
+        "sparse-volume attach "*)
+            ((rc == 1)) && [[ $out == *sparse_volume.skip=* ]] ||
+                fail "emergency-switch guide: '$command' exited $rc, expected 1 naming the switch: $out" ;;
+        "cat /proc/cmdline")
+            [[ $out == *sparse_volume* ]] || fail "emergency-switch guide: the switch is not on the command line: $out" ;;
+        "dmesg | grep "*)
+            ((rc == 0)) || fail "emergency-switch guide: '$command' found no line" ;;
+        *)
+            ((rc <= 1)) || fail "emergency-switch guide: '$command' exited $rc: $out" ;;
+        esac
+        ran=$((ran + 1))
+    done <<<"$block"
+    ((ran >= 6)) || fail "emergency-switch guide: only $ran commands ran: $block"
+    log "emergency-switch guide: its $ran commands ran as written for the skipped volume $uuid"
 }
 
 verify_units() {
@@ -1097,11 +1141,15 @@ package() {
     [[ $before == "$after" ]] || fail "upgrading the package changed the loop devices"
     findmnt /srv/consumer >/dev/null || fail "upgrading the package unmounted a consumer"
     [[ -z $(systemctl --failed --no-legend --plain) ]] || fail "units failed during the upgrade"
-    apt-get remove -y sparse-volume >/dev/null
+    local warned
+    warned=$(apt-get remove -y sparse-volume 2>&1 >/dev/null) || fail "apt-get remove failed: $warned"
     [[ -f /etc/sparse-volume/volumes.d/$EXT4.toml && -f /var/lib/sparse-volume/$EXT4 ]] ||
         fail "apt-get remove deleted the registry or the data"
+    # Issue 25, item 23: the volumes nothing will attach at the next boot.
+    [[ $warned == *"nothing attaches these enabled volumes"*"$EXT4"* ]] ||
+        fail "apt-get remove did not name the enabled volume $EXT4: $warned"
     check_payload /srv/consumer consumer
-    log "upgrade kept every volume attached; remove kept registry and data"
+    log "upgrade kept every volume attached; remove kept registry and data and named the enabled volumes"
 
     # Purge (item 12 of issue 9): keeps data and registry, says so itself,
     # once, and gives dpkg nothing to warn about.
@@ -1168,7 +1216,14 @@ metrics() {
     systemctl is-enabled --quiet sparse-volume-metrics.timer &&
         fail "the package enabled the metrics timer (it must be off until the operator enables it)"
     start=$(date +%s)
-    systemctl enable --now sparse-volume-metrics.timer
+    # The monitoring guide's commands, as written; its apt-get line
+    # installs from Debian's archive, which this guest does not reach
+    # (tests/doc_commands.rs checks on the host that the package exists).
+    local guide
+    guide=$(doc_block monitoring.md 1 | grep -v '^apt-get install ')
+    grep -q '^systemctl enable --now sparse-volume-metrics.timer' <<<"$guide" ||
+        fail "monitoring guide: no 'systemctl enable --now sparse-volume-metrics.timer' line: $guide"
+    bash -euo pipefail -c "$guide" || fail "monitoring guide: its commands failed as written: $guide"
     wait_metrics_runs "$start" 1
     [[ -s $TEXTFILE ]] || fail "the metrics timer ran but $TEXTFILE is missing"
     [[ $(metric "sparse_volume_attached{uuid=\"$EXT4\",name=\"consumer\",mode=\"filesystem\"}") == 1 ]] ||
@@ -1223,5 +1278,6 @@ package) package ;;
 upgrade-from-previous) upgrade_from_previous ;;
 readme-create) readme_create ;;
 readme-check) readme_check ;;
+emergency-switch-doc) emergency_switch_doc ;;
 *) fail "unknown phase" ;;
 esac

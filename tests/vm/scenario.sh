@@ -144,7 +144,8 @@ vm_start 1G 1G@4k
 # The CI log names what each guest proved things on.
 # shellcheck disable=SC2016 # expanded in the guest
 vm_log "guest: $(vm_ssh '. /etc/os-release && echo "$PRETTY_NAME, $(systemctl --version | head -n 1 | cut -d" " -f1,2), $(losetup --version), kernel $(uname -r)"' </dev/null)"
-vm_copy_in "${debs[0]}" "$(upgrade_deb)" tests/vm/guest.sh tests/vm/partition-once.sh README.md /root/
+vm_copy_in "${debs[0]}" "$(upgrade_deb)" tests/vm/guest.sh tests/vm/partition-once.sh README.md \
+    docs/guide/emergency-switch.md docs/guide/monitoring.md /root/
 vm_ssh "mkdir -p /root/previous" </dev/null
 vm_copy_in "$previous" /root/previous/
 vm_ssh "dpkg-deb -f /root/previous/${previous##*/} Version >/root/previous/version && dpkg -i /root/previous/${previous##*/}" </dev/null
@@ -157,6 +158,7 @@ if [[ ${SV_VM_QUICK:-0} == 1 ]]; then
     phase "an unknown key in config.toml and sparse_volume.skip= for boot 3" prepare-boot 3
     restart_checked 3 "an unknown key in config.toml, two volumes skipped"
     phase "verify after boot 3" verify 3
+    phase "the emergency switch guide's commands, as written" emergency-switch-doc
     phase "sparse_volume=off for boot 4" prepare-boot 4
     restart_checked 4 "sparse_volume=off: no volume, the boot still reaches multi-user.target"
     phase "verify after boot 4" verify 4
@@ -185,6 +187,7 @@ else
     phase "an unknown key in config.toml and sparse_volume.skip= for boot 3" prepare-boot 3
     restart_checked 3 "after purge and a fresh install with the default config.toml plus an unknown key, two volumes skipped"
     phase "verify after boot 3" verify 3
+    phase "the emergency switch guide's commands, as written" emergency-switch-doc
     if [[ $scope == full ]]; then
         phase "sparse_volume=off for boot 4" prepare-boot 4
         restart_checked 4 "sparse_volume=off: no volume, the boot still reaches multi-user.target"

@@ -15,6 +15,7 @@ use clap::CommandFactory;
 use clap_complete::Shell;
 use clap_mangen::Man;
 
+mod command_docs;
 mod markdown_man;
 use sparse_volume::cli::args::Cli;
 
@@ -142,9 +143,14 @@ fn write_man_pages(dir: &Path, date: &str) -> Result<Vec<PathBuf>> {
     let json = markdown_man::section(JSON_REFERENCE, "JSON OUTPUT")
         .context("rendering docs/reference/json.md")?;
     let mut written = vec![page(&cmd, &(json + MAIN_PAGE_TAIL))?];
-    let see_also = format!(".SH \"SEE ALSO\"\n\\fB{BIN}\\fR({SECTION})\n");
     for sub in cmd.get_subcommands().filter(|s| !s.is_hide_set()) {
-        written.push(page(sub, &see_also)?);
+        let doc = command_docs::command_doc(sub.get_name()).with_context(|| {
+            format!(
+                "`{}` has no entry in packaging/docgen/src/command_docs.rs (exit status, examples, SEE ALSO)",
+                sub.get_name()
+            )
+        })?;
+        written.push(page(sub, &command_docs::page_tail(doc))?);
     }
     written.push(write_registry_page(dir, date, &source)?);
     Ok(written)
@@ -330,6 +336,33 @@ mod tests {
         for file in ["sparse-volume.bash", "_sparse-volume", "sparse-volume.fish"] {
             let text = fs::read_to_string(out.path().join("completions").join(file)).unwrap();
             assert!(text.contains("resize"), "{file} lacks subcommands");
+        }
+    }
+
+    /// Every command's page has what clap knows nothing about: what its
+    /// exit status means, examples and related pages (issue 25, item 17).
+    #[test]
+    fn every_command_page_has_exit_status_examples_and_see_also() {
+        let out = tempfile::tempdir().unwrap();
+        write_man_pages(out.path(), "2026-01-02").unwrap();
+        for sub in Cli::command()
+            .get_subcommands()
+            .filter(|s| !s.is_hide_set())
+        {
+            let name = sub.get_name();
+            let page =
+                fs::read_to_string(out.path().join(format!("sparse-volume-{name}.8"))).unwrap();
+            for heading in [
+                ".SH \"EXIT STATUS\"\n",
+                ".SH EXAMPLES\n",
+                ".SH \"SEE ALSO\"\n",
+            ] {
+                assert_eq!(
+                    page.matches(heading).count(),
+                    1,
+                    "sparse-volume-{name}(8) has not one {heading:?}:\n{page}"
+                );
+            }
         }
     }
 

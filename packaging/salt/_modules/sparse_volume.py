@@ -3,7 +3,9 @@ Salt execution module for sparse-volume.
 
 A thin translation layer: every decision (what to create, grow, refuse) is
 made by the ``sparse-volume`` CLI, which this module runs with
-``__salt__["cmd.run_all"]`` and whose JSON report it returns unchanged.
+``__salt__["cmd.run_all"]`` and whose JSON report it returns unchanged,
+but for ``warnings``: the CLI's warning lines (stderr), added when it gave
+any.
 
 The binary is looked up with ``config.get`` under ``sparse_volume.binary``
 (minion config, grains or pillar); the default is ``sparse-volume`` on PATH.
@@ -29,6 +31,15 @@ __func_alias__ = {"list_": "list"}
 
 DEFAULT_BINARY = "sparse-volume"
 
+# The CLI's warnings go to stderr as lines with this prefix, never into
+# its JSON; they are returned under "warnings".
+WARNING_PREFIX = "sparse-volume: warning: "
+
+# What a failure after a change carries from the CLI's report: the volume
+# exists now (under the UUID the CLI chose, when none was given), and
+# these say which and what was done.
+CHANGE_KEYS = ("changed", "uuid", "actions")
+
 
 def __virtual__():
     # Always load: a missing binary is reported when a function runs, with
@@ -47,21 +58,52 @@ def _binary():
     return found
 
 
+def _warnings(stderr):
+    """The CLI's warnings, without their prefix, in the order it gave them."""
+    lines = (line.strip() for line in (stderr or "").splitlines())
+    return [
+        line[len(WARNING_PREFIX) :] for line in lines if line.startswith(WARNING_PREFIX)
+    ]
+
+
 def _message(result, report):
     # The CLI's own sentence: the "error" field of its JSON when there is
-    # one, else stderr (usage errors print no JSON).
+    # one, else stderr (usage errors print no JSON) less its warnings,
+    # which the failure carries on their own.
     if isinstance(report, dict) and report.get("error"):
         return report["error"]
-    text = (result.get("stderr") or "").strip()
+    lines = (result.get("stderr") or "").strip().splitlines()
+    text = "\n".join(line for line in lines if not line.startswith(WARNING_PREFIX))
     if text:
         return text
     return f"sparse-volume exited with status {result.get('retcode')}"
 
 
-def _run(args, stdin=None):
+def _failure_info(report, warnings):
+    """
+    What a failure carries besides its sentence, as CommandExecutionError's
+    ``info`` (salt-call prints it after the message; the state module reads
+    it): after a change, the CLI's ``changed``, ``uuid`` and ``actions``;
+    and the CLI's warnings. None when there is neither.
+    """
+    info = {}
+    if isinstance(report, dict) and report.get("changed"):
+        info.update({key: report.get(key) for key in CHANGE_KEYS})
+    if warnings:
+        info["warnings"] = warnings
+    return info or None
+
+
+def _exited_zero(retcode, report):
+    return retcode == 0
+
+
+def _run(args, stdin=None, answered=_exited_zero):
     """
     Run the CLI with ``args`` (``--json`` appended) and return its parsed
-    JSON; raise CommandExecutionError with the CLI's message on failure.
+    JSON, with the CLI's warnings under ``warnings`` when it gave any;
+    raise CommandExecutionError with the CLI's message unless
+    ``answered(retcode, report)`` says the run answered.
     """
     cmd = [_binary()] + list(args) + ["--json"]
     result = __salt__["cmd.run_all"](
@@ -78,13 +120,34 @@ def _run(args, stdin=None):
         report = json.loads(stdout) if stdout else None
     except ValueError:
         report = None
-    if result.get("retcode") != 0:
-        raise CommandExecutionError(_message(result, report))
-    if report is None:
+    warnings = _warnings(result.get("stderr"))
+    if not answered(result.get("retcode"), report):
+        raise CommandExecutionError(
+            _message(result, report), info=_failure_info(report, warnings)
+        )
+    if not isinstance(report, dict):
         raise CommandExecutionError(
             f"sparse-volume {args[0]} printed no JSON: {stdout[:200]!r}"
         )
+    if warnings:
+        report["warnings"] = warnings
     return report
+
+
+def _listed(retcode, report):
+    """
+    Whether ``list`` answered: exit 0, or exit 1 with a complete listing
+    whose ``errors`` name the registry files that do not read (the CLI's
+    exit status flags them; the listing returns them).
+    """
+    if retcode == 0:
+        return True
+    return (
+        retcode == 1
+        and isinstance(report, dict)
+        and "volumes" in report
+        and bool(report.get("errors"))
+    )
 
 
 def apply(test=None, **desired):
@@ -102,7 +165,13 @@ def apply(test=None, **desired):
         Defaults to the minion's ``test`` option.
 
     Returns the CLI's JSON report (``changed``, ``uuid``, ``actions``,
-    ``before``, ``after``, ``dry_run`` ...).
+    ``before``, ``after``, ``dry_run`` ...), and ``warnings`` (the CLI's
+    warning lines) when it gave any.
+
+    A refusal raises CommandExecutionError with the CLI's message; so does
+    a step that failed after another changed the volume (a create whose
+    start failed), whose ``info`` (printed after the message) then holds
+    ``changed``, ``uuid`` (the volume made or changed) and ``actions``.
 
     .. code-block:: bash
 
@@ -120,19 +189,23 @@ def apply(test=None, **desired):
 
 def list_():
     """
-    Every registered volume, as ``sparse-volume list --json`` reports it.
+    Every registered volume, as ``sparse-volume list --json`` reports it,
+    and ``warnings`` (the CLI's warning lines) when it gave any. Registry
+    files that do not read are listed in ``errors`` (the CLI exits 1 for
+    them; the listing is complete all the same).
 
     .. code-block:: bash
 
         salt-call sparse_volume.list
     """
-    return _run(["list"])
+    return _run(["list"], answered=_listed)
 
 
 def status(volume):
     """
     One volume, by UUID, name, the beginning of its UUID, its loop device
-    or its backing path, as ``sparse-volume status --json`` reports it.
+    or its backing path, as ``sparse-volume status --json`` reports it,
+    and ``warnings`` when the CLI gave any.
 
     .. code-block:: bash
 

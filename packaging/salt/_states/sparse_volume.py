@@ -34,16 +34,42 @@ def __virtual__():
     return (False, "the sparse_volume execution module is not available")
 
 
+def _pass_on_warnings(ret, warnings):
+    # Salt's outputters show a state's "warnings"; an empty list would
+    # still count the state as one with warnings.
+    if warnings:
+        ret["warnings"] = list(warnings)
+
+
+def _failed(ret, exc):
+    """The state return of a refusal, or of a failure after a change."""
+    # The CLI's own sentence, without the "Additional info follows" that
+    # Salt appends to the exception's text.
+    ret["comment"] = exc.error
+    info = exc.info if isinstance(exc.info, dict) else {}
+    if info.get("changed"):
+        # A step failed after another changed the node (a create whose
+        # start failed): the volume exists, under this UUID, and Salt must
+        # count the change.
+        ret["changes"] = {
+            "uuid": info.get("uuid"),
+            "actions": info.get("actions") or [],
+        }
+    _pass_on_warnings(ret, info.get("warnings"))
+    return ret
+
+
 def _converge(name, desired):
     ret = {"name": name, "changes": {}, "result": False, "comment": ""}
     test = bool(__opts__.get("test", False))
     try:
         report = __salt__["sparse_volume.apply"](test=test, **desired)
     except CommandExecutionError as exc:
-        # A refusal (shrink, capacity, a different mode ...) or a usage
-        # error: the CLI's own sentence is the comment.
-        ret["comment"] = str(exc)
-        return ret
+        # A refusal (shrink, capacity, a different mode ...), a usage
+        # error, or a failure after a change: the CLI's sentence is the
+        # comment.
+        return _failed(ret, exc)
+    _pass_on_warnings(ret, report.get("warnings"))
 
     if not report.get("changed"):
         ret["result"] = True
@@ -78,8 +104,12 @@ def present(name, **kwargs):
     (ext4/xfs), ``path``, ``enabled``, ``read_only``, ``preallocate``,
     ``sector_size``, ``mkfs_options``, ``now``. Omitted keys mean the
     default for a new volume and "leave as it is" for an existing one.
-    A smaller size, or a different mode, file system, path, sector size
-    or preallocation, is refused (result False) and never applied.
+    A smaller size, or a different mode, file system, path, sector size,
+    preallocation or mkfs options, is refused (result False) and never
+    applied. A step that fails after another changed the volume (a create
+    whose start failed) is result False with the change under ``changes``
+    (``uuid``, ``actions``). The CLI's warnings are the state's
+    ``warnings``.
     """
     desired = dict(kwargs, name=name, state="present")
     return _converge(name, desired)

@@ -28,6 +28,7 @@ use crate::volume::creating_mark::{
 };
 use crate::volume::gpt_layout;
 use crate::volume::id::VolumeId;
+use crate::volume::kept_mark::kept_for;
 use crate::volume::probe::{expected_content, identifies, probe};
 use crate::volume::size::format_size;
 use crate::volume::spec::Mode;
@@ -176,12 +177,12 @@ impl Audit<'_> {
                 Ok(note) => {
                     finding.repaired = true;
                     if !note.is_empty() {
-                        finding.message.push_str(&format!(" ({note})"));
+                        // After a semicolon, not in parentheses: the note
+                        // may hold a tool's or systemd's own.
+                        finding.message.push_str(&format!("; {note}"));
                     }
                 }
-                Err(e) => finding
-                    .message
-                    .push_str(&format!(" (repair failed: {e:#})")),
+                Err(e) => finding.message.push_str(&format!("; repair failed: {e:#}")),
             }
         }
         self.add(finding);
@@ -564,6 +565,9 @@ fn audit_volume(audit: &mut Audit, volume: &Volume) -> Result<()> {
             ),
         );
     }
+    for fitting in weighed.iter().filter(|c| c.fits()) {
+        read_only_pending(audit, volume, fitting.number, &path);
+    }
     if let Some((keep, extra)) = duplicates(&weighed) {
         let root = audit.root.clone();
         audit.repairable_noting(
@@ -619,7 +623,7 @@ fn audit_volume(audit: &mut Audit, volume: &Volume) -> Result<()> {
             return Ok(());
         }
         let registry = audit.registry;
-        let (severity, why) = why_not_attached(&volume.id);
+        let (severity, why) = why_not_attached(audit.root, &volume.id);
         audit.repairable_noting(
             "not-attached",
             severity,
@@ -648,6 +652,31 @@ fn incomplete_audit(audit: &mut Audit) {
     audit.add(finding);
 }
 
+/// A read-only flag changed while the volume was attached: the device
+/// keeps what it was attached with until the next attach.
+fn read_only_pending(audit: &mut Audit, volume: &Volume, number: u32, path: &Path) {
+    let Some(device_read_only) = LoopDevice::is_read_only(number) else {
+        return;
+    };
+    if device_read_only == volume.read_only {
+        return;
+    }
+    let access = |read_only: bool| if read_only { "read-only" } else { "read-write" };
+    let (now, then) = (access(device_read_only), access(volume.read_only));
+    audit.add(
+        Finding::new(
+            "read-only-pending",
+            "warning",
+            format!(
+                "{who}: /dev/loop{number} is {now}, the registry says {then}, which takes effect at the next attach (`sparse-volume stop {id}` and `start {id}`, or `detach` and `attach` without systemd)",
+                who = subject(volume),
+                id = volume.id
+            ),
+        )
+        .about(Some(volume), Some(path)),
+    );
+}
+
 /// How a finding names a volume: by its name and UUID, or its UUID.
 fn subject(volume: &Volume) -> String {
     match &volume.name {
@@ -656,36 +685,71 @@ fn subject(volume: &Volume) -> String {
     }
 }
 
-/// An enabled volume without a device is an error when its unit failed
-/// (or runs without a device); one whose unit has not run since it was
-/// made or enabled (a `create` without `--now`), or with no systemd to
-/// ask, is a warning: the next boot attaches it.
-fn why_not_attached(id: &VolumeId) -> (&'static str, String) {
+/// An enabled volume without a device is an error when this boot should
+/// have attached it: its unit failed, runs without a device, or is
+/// inactive although the registry file is older than the boot (a
+/// dependency failed, a condition was not met). Registered or changed
+/// since the boot (a `create` without `--now`), it is a warning: the
+/// next boot attaches it. Without systemd to ask, a warning too.
+fn why_not_attached(root: &SystemRoot, id: &VolumeId) -> (&'static str, String) {
     let unit = unit_name(id);
     let Ok(systemd) = Systemd::connect() else {
         return (
             "warning",
-            format!("the next boot attaches it, or `sparse-volume attach {id}` now"),
+            format!(
+                "systemd is not reachable to say why; `sparse-volume attach {id}` attaches it now"
+            ),
         );
     };
+    let journal = format!("see `journalctl -b -u {unit}`");
     match systemd.unit_state(&unit) {
-        Ok(state) if state.is_failed() => (
-            "error",
-            format!("{unit} failed (see `journalctl -u {unit}`)"),
-        ),
+        Ok(state) if state.is_failed() => ("error", format!("{unit} failed ({journal})")),
         Ok(state) if state.is_active() => (
             "error",
             format!("{unit} is active, but its device is gone (detached by hand?)"),
         ),
+        Ok(state) if state.is_activating() => (
+            "warning",
+            format!("{unit} is attaching it now"),
+        ),
+        Ok(state) if registered_before_this_boot(root, id) => (
+            "error",
+            format!(
+                "{unit} is {} although this boot should have attached it (a dependency that failed? {journal})",
+                state.active_state
+            ),
+        ),
         Ok(_) => (
             "warning",
-            format!("{unit} has not run since; the next boot attaches it, or `sparse-volume start {id}` now"),
+            format!("registered or changed since this boot, so not attached yet; the next boot attaches it, or `sparse-volume start {id}` now"),
         ),
         Err(e) => (
             "warning",
             format!("the state of {unit} is unknown ({e:#}); the next boot attaches it"),
         ),
     }
+}
+
+/// Whether the volume's registry file was last written before this boot
+/// began, so that the generator saw it as it is.
+fn registered_before_this_boot(root: &SystemRoot, id: &VolumeId) -> bool {
+    let written = fs::metadata(root.volume_file(id)).and_then(|m| m.modified());
+    match (written, boot_time()) {
+        (Ok(written), Some(boot)) => written < boot,
+        _ => false,
+    }
+}
+
+/// When this boot began: the kernel's `btime` in /proc/stat.
+fn boot_time() -> Option<std::time::SystemTime> {
+    let stat = fs::read_to_string("/proc/stat").ok()?;
+    let seconds: u64 = stat
+        .lines()
+        .find_map(|line| line.strip_prefix("btime "))?
+        .trim()
+        .parse()
+        .ok()?;
+    Some(std::time::UNIX_EPOCH + std::time::Duration::from_secs(seconds))
 }
 
 /// A block volume made before 0.3, whose partition has the name every
@@ -868,19 +932,31 @@ fn storage_root_leftovers(
                     format!("{} is left over from an interrupted create", path.display()),
                     || fs::remove_file(&path).map_err(Into::into),
                 );
-            } else if !name.starts_with('.') {
-                // What `remove` without `--delete-data` keeps, as it said:
+            } else if let Some(removed) = kept_for(&path) {
+                // What `remove` without `--delete-data` kept, as it said:
                 // worth knowing (it takes space), not a fault.
                 audit.add(
                     Finding::new(
                         "unregistered-file",
                         "note",
                         format!(
-                            "{} is in a storage root but no volume owns it (a removed volume's kept data? `sparse-volume register` it, or delete it if it is not needed)",
+                            "{} is the data `remove` kept of volume {removed} (`sparse-volume register` it again, or delete it if it is not needed)",
                             path.display()
                         ),
                     )
                     .about(None, Some(&path)),
+                );
+            } else if !name.starts_with('.') {
+                // Nobody said to keep it: a volume whose registry file was
+                // lost would not come back at the next boot.
+                audit.report(
+                    "unregistered-file",
+                    None,
+                    Some(&path),
+                    format!(
+                        "{} is in a storage root but no volume owns it (register it, or delete it if it is not needed)",
+                        path.display()
+                    ),
                 );
             }
         }

@@ -324,6 +324,7 @@ pub fn create_volume(registry: &Registry, request: &CreateRequest) -> Result<Cre
     })?;
     sync_dir(&directory)?;
     hooks::crash_at(Crash::CreateBeforeRegistry);
+    tracing::info!(progress = true, "registering {}", volume.id);
     registry.put(&volume)?;
     hooks::crash_at(Crash::CreateBeforeUnmark);
     clear_creating_mark(&host_path)?;
@@ -500,6 +501,19 @@ fn make_backing_file(temporary: &Path, volume: &Volume) -> Result<()> {
 
 fn fill_backing_file(file: &File, temporary: &Path, volume: &Volume) -> Result<()> {
     set_creating_mark(file, &volume.id);
+    if volume.preallocated {
+        tracing::info!(
+            progress = true,
+            "sizing the backing file: reserving {} (preallocation)",
+            format_size(volume.size)
+        );
+    } else {
+        tracing::info!(
+            progress = true,
+            "sizing the backing file: {} (sparse)",
+            format_size(volume.size)
+        );
+    }
     allocate(file, volume.size, volume.preallocated)
         .with_context(|| format!("sizing {}", temporary.display()))?;
     hooks::crash_at(Crash::CreateAfterAllocate);
@@ -536,6 +550,7 @@ fn fill_backing_file(file: &File, temporary: &Path, volume: &Volume) -> Result<(
             }
         }
         Mode::Block => {
+            tracing::info!(progress = true, "writing the partition table");
             gpt_layout::write_new(file, volume.id.uuid(), volume.sector_size)
                 .with_context(|| format!("partitioning {}", temporary.display()))?;
         }

@@ -22,6 +22,7 @@ use crate::registry::{NoSuchVolume, Registry, ResolvedBy, Volume};
 use crate::volume::backing_file::open_backing_file;
 use crate::volume::creating_mark::clear_creating_mark;
 use crate::volume::id::VolumeId;
+use crate::volume::kept_mark::set_kept_mark;
 use crate::volume::probe::{probe, require_identity};
 
 #[derive(Debug, Serialize)]
@@ -32,14 +33,14 @@ pub struct RemoveReport {
     pub detached: Vec<PathBuf>,
     pub data_deleted: bool,
     pub path: Option<PathBuf>,
-    /// Why there was nothing to remove, when nothing answered to the name.
-    #[serde(skip)]
-    pub missing: String,
+    /// Why there was nothing to remove, when no volume has the name given
+    /// (so that a typo shows); null otherwise.
+    pub note: Option<String>,
 }
 
 impl RemoveReport {
-    /// A remove repeated by name (or device, or path) finds nothing: done
-    /// already, as a repeated remove by UUID is.
+    /// A remove repeated by name finds nothing: done already, as a
+    /// repeated remove by UUID is.
     pub fn nothing_answers_to(missing: &NoSuchVolume) -> Self {
         Self {
             changed: false,
@@ -47,7 +48,7 @@ impl RemoveReport {
             detached: Vec::new(),
             data_deleted: false,
             path: None,
-            missing: missing.to_string(),
+            note: Some(missing.to_string()),
         }
     }
 }
@@ -55,7 +56,10 @@ impl RemoveReport {
 impl Report for RemoveReport {
     fn human(&self) -> String {
         let Some(uuid) = &self.uuid else {
-            return format!("nothing to remove: {}", self.missing);
+            return format!(
+                "nothing to remove: {}",
+                self.note.as_deref().unwrap_or_default()
+            );
         };
         if !self.changed {
             return format!("{uuid} is not registered");
@@ -136,7 +140,7 @@ pub fn remove_volume(
             detached: Vec::new(),
             data_deleted: false,
             path: None,
-            missing: String::new(),
+            note: None,
         });
     };
     let host_path = root.host_path(&volume.path);
@@ -153,7 +157,7 @@ pub fn remove_volume(
             detached: attached_devices(registry, id)?,
             data_deleted: delete_data && host_path.exists(),
             path: Some(volume.path),
-            missing: String::new(),
+            note: None,
         });
     }
     // Refuses (and changes nothing) while the volume is mounted. The
@@ -175,8 +179,10 @@ pub fn remove_volume(
         data_deleted = delete_backing_file(&volume, &host_path)?;
         sync_dir(directory)?;
     } else if host_path.exists() {
-        // Kept on purpose: it must never look like an interrupted create.
+        // Kept on purpose: it must never look like an interrupted create,
+        // nor like a volume whose registry file was lost.
         clear_creating_mark(&host_path)?;
+        set_kept_mark(&host_path, id);
     }
     hooks::crash_at(Crash::RemoveBeforeRegistry);
 
@@ -191,7 +197,7 @@ pub fn remove_volume(
         detached,
         data_deleted,
         path: Some(volume.path),
-        missing: String::new(),
+        note: None,
     })
 }
 

@@ -14,6 +14,7 @@ use crate::commands::report::{Failure, Outcome, Report};
 use crate::engine::capacity;
 use crate::engine::detach::detach_device;
 use crate::hooks::{self, Crash};
+use crate::kernel::capabilities::{has_effective, CAP_SYS_ADMIN, CAP_SYS_RESOURCE};
 use crate::kernel::holders::mounts_of_loop;
 use crate::kernel::loop_device::{self, BindOptions, LoopDevice};
 use crate::registry::paths::SystemRoot;
@@ -75,7 +76,58 @@ pub fn resize(
     requested: u64,
     dry_run: bool,
 ) -> Outcome<ResizeReport> {
-    grow(registry, id, requested, dry_run).map_err(Failure::Unchanged)
+    grow(registry, id, requested, dry_run).map_err(|error| {
+        if error.is::<PartlyGrown>() {
+            Failure::PartlyApplied {
+                uuid: *id,
+                actions: vec![PartlyGrown::ACTION.into()],
+                error,
+            }
+        } else {
+            Failure::Unchanged(error)
+        }
+    })
+}
+
+/// A grow that failed after the backing file (and its loop device) grew:
+/// what is left, and the command that finishes it.
+#[derive(Debug)]
+pub struct PartlyGrown {
+    message: String,
+}
+
+impl PartlyGrown {
+    /// In the words of `apply`'s actions.
+    pub const ACTION: &'static str = "resize (the backing file only)";
+
+    fn new(error: &anyhow::Error, id: &VolumeId, old_size: u64, size: u64) -> Self {
+        Self {
+            message: format!(
+                "{error:#}; the backing file now has {new}, while the registry (and perhaps the file system or partition) still has {old}: `sparse-volume resize {id} --size {arg}` finishes the grow (if a mounted file system refuses to grow, unmount it first: it then grows offline)",
+                new = format_size(size),
+                old = format_size(old_size),
+                arg = size_argument(size),
+            ),
+        }
+    }
+}
+
+impl std::fmt::Display for PartlyGrown {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl std::error::Error for PartlyGrown {}
+
+/// A size as `--size` takes it back: whole GiB or MiB (sizes are whole
+/// MiB), else bytes.
+fn size_argument(size: u64) -> String {
+    match size {
+        s if s % (1 << 30) == 0 => format!("{}G", s >> 30),
+        s if s % (1 << 20) == 0 => format!("{}M", s >> 20),
+        s => s.to_string(),
+    }
 }
 
 /// [`resize`] as a step of `apply`.
@@ -141,16 +193,43 @@ pub fn grow(
         );
     }
 
+    refuse_what_would_fail_half_way(&volume, &devices)?;
+
     if dry_run {
         return Ok(report(true, device_paths(&devices)));
     }
     if file.metadata()?.len() < size {
+        tracing::info!(
+            progress = true,
+            "growing the backing file to {}",
+            format_size(size)
+        );
         allocate(&file, size, volume.preallocated)?;
-        file.sync_all().context("syncing the grown backing file")?;
     }
-    hooks::crash_at(Crash::ResizeAfterFile);
+    // From here on the file is larger than the registry says: a failure
+    // says what is left and how to finish it.
+    let finished = (|| {
+        file.sync_all().context("syncing the grown backing file")?;
+        hooks::crash_at(Crash::ResizeAfterFile);
+        grow_what_the_file_holds(root, &volume, &file, &host_path, &devices)?;
+        hooks::crash_at(Crash::ResizeBeforeRegistry);
+        volume.size = size;
+        registry.put(&volume)
+    })();
+    finished.map_err(|error| anyhow::Error::new(PartlyGrown::new(&error, id, old_size, size)))?;
+    Ok(report(true, device_paths(&devices)))
+}
 
-    for &number in &devices {
+/// The loop device's capacity, then the partition or file system, once
+/// the backing file has grown.
+fn grow_what_the_file_holds(
+    root: &SystemRoot,
+    volume: &Volume,
+    file: &File,
+    host_path: &Path,
+    devices: &[u32],
+) -> Result<()> {
+    for &number in devices {
         LoopDevice::open(number, false)?.refresh_capacity()?;
         // Older kernels recompute the discard limit when the capacity
         // changes; a preallocated volume must keep refusing discards.
@@ -159,16 +238,37 @@ pub fn grow(
         }
     }
     match &volume.mode {
-        Mode::Block => grow_partition(&file, &volume, &devices)?,
+        Mode::Block => {
+            tracing::info!(progress = true, "growing the partition");
+            grow_partition(file, volume, devices)
+        }
         Mode::Filesystem { fs_type, .. } => {
-            grow_filesystem(root, &volume, *fs_type, &file, &host_path, &devices)?
+            tracing::info!(progress = true, "growing the {fs_type} file system");
+            grow_filesystem(root, volume, *fs_type, file, host_path, devices)
         }
     }
-    hooks::crash_at(Crash::ResizeBeforeRegistry);
+}
 
-    volume.size = size;
-    registry.put(&volume)?;
-    Ok(report(true, device_paths(&devices)))
+/// A file system tool that the kernel will refuse leaves the file grown
+/// and the file system not: said before anything grows (and in the dry
+/// run), with the way that works.
+fn refuse_what_would_fail_half_way(volume: &Volume, devices: &[u32]) -> Result<()> {
+    let Mode::Filesystem { fs_type, .. } = &volume.mode else {
+        return Ok(());
+    };
+    let mounted = devices
+        .first()
+        .and_then(|&n| mounts_of_loop(n).into_iter().next().map(|(_, point)| point));
+    match (fs_type, mounted) {
+        (FsType::Ext4, Some(point)) if !has_effective(CAP_SYS_RESOURCE) => bail!(
+            "the ext4 mounted on {} grows online through the kernel, which asks for CAP_SYS_RESOURCE, and this process lacks it (a container?); nothing was changed: unmount it and run the command again (it then grows offline), or run it with that capability",
+            point.display()
+        ),
+        (FsType::Xfs, _) if !has_effective(CAP_SYS_ADMIN) => bail!(
+            "xfs grows only while mounted, which asks for CAP_SYS_ADMIN, and this process lacks it (a container?); nothing was changed: run the command where it has that capability"
+        ),
+        _ => Ok(()),
+    }
 }
 
 fn device_paths(devices: &[u32]) -> Vec<String> {

@@ -8,10 +8,11 @@ use serde::Serialize;
 use crate::commands::report::{Failure, Outcome, Report};
 use crate::engine::activate::{
     attach_directly, attached_devices, flag_without_systemd, refuse_if_in_use, start_attached,
-    stop_detached, systemd_agrees, UnitOutcome,
+    stop_detached, systemd_agrees, systemd_unless_absent, UnitOutcome,
 };
 use crate::engine::attach::attach_planned;
 use crate::hooks::{self, Stop};
+use crate::kernel::files::ExclusiveLock;
 use crate::registry::Registry;
 use crate::systemd::{unit_name, Systemd};
 use crate::volume::id::VolumeId;
@@ -79,7 +80,7 @@ pub fn enable(
     now: bool,
     dry_run: bool,
 ) -> Outcome<EnableReport> {
-    set_enabled(registry, id, true, now, dry_run).map_err(Failure::Unchanged)
+    set_enabled(registry, id, true, now, dry_run)
 }
 
 pub fn disable(
@@ -88,7 +89,7 @@ pub fn disable(
     now: bool,
     dry_run: bool,
 ) -> Outcome<EnableReport> {
-    set_enabled(registry, id, false, now, dry_run).map_err(Failure::Unchanged)
+    set_enabled(registry, id, false, now, dry_run)
 }
 
 fn set_enabled(
@@ -97,14 +98,13 @@ fn set_enabled(
     enabled: bool,
     now: bool,
     dry_run: bool,
-) -> Result<EnableReport> {
-    // Check what can fail before changing anything: an unknown volume.
-    // Without systemd the flag is still written (the generator reads it at
-    // the next boot), and `--now` attaches or detaches directly, as
-    // `apply` does.
-    registry.require(id)?;
-    let systemd = Systemd::connect();
-    let unit = unit_name(id);
+) -> Outcome<EnableReport> {
+    // Check what can fail before changing anything: an unknown volume, a
+    // bus that does not answer on a machine systemd runs. Without systemd
+    // the flag is still written (the generator reads it at the next boot),
+    // and `--now` attaches or detaches directly, as `apply` does.
+    registry.require(id).map_err(Failure::unchanged)?;
+    let systemd = systemd_unless_absent(registry).map_err(Failure::Unchanged)?;
     let warnings = match &systemd {
         Ok(_) => Vec::new(),
         Err(reason) => {
@@ -113,61 +113,48 @@ fn set_enabled(
         }
     };
     if dry_run {
-        let mut report = planned(registry, systemd.as_ref().ok(), id, enabled, now)?;
+        let mut report = planned(registry, systemd.as_ref().ok(), id, enabled, now)
+            .map_err(Failure::Unchanged)?;
         report.warnings = warnings;
         return Ok(report);
+    }
+    // What the attach would refuse (a volume the kernel command line
+    // skips, a missing file, content that is not the volume) is refused
+    // before the flag changes.
+    if now && enabled {
+        attach_planned(registry, id).map_err(Failure::Unchanged)?;
     }
     // Held from the stop to the write: `check --repair` attaches every
     // enabled volume it finds detached, under this lock, so a stop outside
     // it could be undone before the flag says disabled.
-    let lock = registry.lock()?;
+    let lock = registry.lock().map_err(Failure::Unchanged)?;
     // disable --now stops first: a stop that fails (the volume is in use)
     // then leaves the flag as it was, not half a change.
     let stopped = if now && !enabled {
-        let deactivation = stop_detached(registry, systemd.as_ref().ok(), id)?;
+        let deactivation =
+            stop_detached(registry, systemd.as_ref().ok(), id).map_err(Failure::Unchanged)?;
         hooks::stop_at(Stop::DisableAfterStop);
         Some((deactivation.unit, deactivation.changed))
     } else {
         None
     };
-
-    let flag_changed = {
-        let _lock = lock;
-        let mut volume = registry.require(id)?;
-        let changed = volume.enabled != enabled;
-        if changed {
-            volume.enabled = enabled;
-            registry.put(&volume)?;
+    let flag_changed = write_flag(registry, id, enabled).map_err(Failure::Unchanged)?;
+    // From here on the flag is written: a failure says so.
+    let rest = finish_after_the_flag(registry, &systemd, id, enabled, now, flag_changed, lock);
+    let (reloaded, outcome, unit_changed) = match rest {
+        Ok(rest) => rest,
+        Err(error) if flag_changed => {
+            return Err(Failure::PartlyApplied {
+                uuid: *id,
+                actions: vec![if enabled { "enable" } else { "disable" }.into()],
+                error,
+            })
         }
-        changed
+        Err(error) => return Err(Failure::Unchanged(error)),
     };
-
-    // A reload reruns every generator, so skip it when systemd already
-    // agrees with the registry; but a flag edited by hand (or a reload
-    // that failed last time) still gets one.
-    let reloaded = match &systemd {
-        Ok(systemd) if flag_changed || !systemd_agrees(systemd, &unit, enabled) => {
-            tracing::info!("reloading systemd (daemon-reload) for {unit}");
-            systemd.reload().with_context(|| {
-                format!(
-                    "the registry says enabled = {enabled}, but systemd does not know yet (run `systemctl daemon-reload`)"
-                )
-            })?;
-            true
-        }
-        _ => false,
-    };
-
-    let (outcome, unit_changed): (Option<UnitOutcome>, bool) = match (now, enabled) {
-        (false, _) => (None, false),
-        (true, true) => {
-            let activation = match &systemd {
-                Ok(systemd) => start_attached(registry, systemd, id)?,
-                Err(reason) => attach_directly(registry, id, reason)?,
-            };
-            (activation.unit, activation.changed)
-        }
-        (true, false) => stopped.unwrap_or((None, false)),
+    let (outcome, unit_changed) = match stopped {
+        Some(stopped) => stopped,
+        None => (outcome, unit_changed),
     };
     let (job_result, active_state, sub_state) = match outcome {
         Some(o) => (
@@ -180,7 +167,7 @@ fn set_enabled(
     Ok(EnableReport {
         changed: flag_changed || reloaded || unit_changed,
         uuid: id.to_string(),
-        unit,
+        unit: unit_name(id),
         enabled,
         reloaded,
         job_result,
@@ -188,6 +175,64 @@ fn set_enabled(
         sub_state,
         warnings,
     })
+}
+
+/// Writes the registry's flag; true when it changed.
+fn write_flag(registry: &Registry, id: &VolumeId, enabled: bool) -> Result<bool> {
+    let mut volume = registry.require(id)?;
+    let changed = volume.enabled != enabled;
+    if changed {
+        volume.enabled = enabled;
+        registry.put(&volume)?;
+    }
+    Ok(changed)
+}
+
+/// The reload and, with `enable --now`, the start: through systemd after
+/// the registry lock is let go (the unit's attach takes the volume's
+/// lock), or without systemd still under it, so that a `disable --now`
+/// cannot come between the flag and the attach and leave a disabled
+/// volume attached.
+fn finish_after_the_flag(
+    registry: &Registry,
+    systemd: &Result<Systemd>,
+    id: &VolumeId,
+    enabled: bool,
+    now: bool,
+    flag_changed: bool,
+    lock: ExclusiveLock,
+) -> Result<(bool, Option<UnitOutcome>, bool)> {
+    let unit = unit_name(id);
+    let systemd = match systemd {
+        Ok(systemd) => systemd,
+        Err(reason) => {
+            let attached = if now && enabled {
+                attach_directly(registry, id, reason)?.changed
+            } else {
+                false
+            };
+            drop(lock);
+            return Ok((false, None, attached));
+        }
+    };
+    drop(lock);
+    // A reload reruns every generator, so skip it when systemd already
+    // agrees with the registry; but a flag edited by hand (or a reload
+    // that failed last time) still gets one.
+    let reloaded = flag_changed || !systemd_agrees(registry, systemd, id, enabled);
+    if reloaded {
+        tracing::info!("reloading systemd (daemon-reload) for {unit}");
+        systemd.reload().with_context(|| {
+            format!(
+                "the registry says enabled = {enabled}, but systemd does not know yet (run `systemctl daemon-reload`)"
+            )
+        })?;
+    }
+    if now && enabled {
+        let activation = start_attached(registry, systemd, id)?;
+        return Ok((reloaded, activation.unit, activation.changed));
+    }
+    Ok((reloaded, None, false))
 }
 
 /// What `set_enabled` would change, after the checks it runs first (the
@@ -202,7 +247,8 @@ fn planned(
 ) -> Result<EnableReport> {
     let unit = unit_name(id);
     let flag_changed = registry.require(id)?.enabled != enabled;
-    let reloaded = systemd.is_some_and(|s| flag_changed || !systemd_agrees(s, &unit, enabled));
+    let reloaded =
+        systemd.is_some_and(|s| flag_changed || !systemd_agrees(registry, s, id, enabled));
     let state = systemd.map(|s| s.unit_state(&unit)).transpose()?;
     let unit_changes = match (now, enabled) {
         (false, _) => false,

@@ -103,6 +103,14 @@ impl LoopDevice {
         PathBuf::from(format!("/dev/loop{number}"))
     }
 
+    /// Whether the kernel holds the device read-only now (sysfs, readable
+    /// without root); None when it cannot be read.
+    pub fn is_read_only(number: u32) -> Option<bool> {
+        let flag: u8 =
+            crate::kernel::sysfs::read_number(Path::new(&format!("/sys/block/loop{number}/ro")))?;
+        Some(flag != 0)
+    }
+
     pub fn open(number: u32, writable: bool) -> Result<Self> {
         Self::open_with(number, writable, 0)
     }

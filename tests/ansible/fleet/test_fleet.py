@@ -7,15 +7,18 @@ no system bus, both passed through the play's `environment:`. The steps
 run in order on that one fleet (conftest.py skips the rest after a failure):
 
 converge (4 volumes a host) -> again, no change -> --check --diff of a
-change, nothing on disk changes -> the change for real -> removal keeps or
-deletes data -> refusals fail with the CLI's message -> the info module.
+change, nothing on disk changes -> the change for real (the CLI's warning
+passed on) -> removal keeps or deletes data -> refusals fail with the CLI's
+message -> the info module, also with a registry file that does not read ->
+a create whose start fails is a failed task that changed something.
 
 Timings: the converge with 10 forks (and 1 fork with SV_FLEET_FORKS_ONE=1),
 and the CLI alone applying the same 200 documents one by one.
 
 Environment: SV_BINARY (the sparse-volume binary), SV_ANSIBLE_COLLECTIONS
 (a collections path holding sparse_volume.sparse_volume, run.sh installs
-the built tarball there). No loop device is attached (no `now`).
+the built tarball there). No loop device is attached: only partial.yml asks
+for `now`, and its start fails before it binds one.
 """
 
 import hashlib
@@ -104,6 +107,8 @@ class Fleet:
                 "sv_root": str(root),
                 "sv_environment": {"SPARSE_VOLUME_ROOT": str(root), "DBUS_SYSTEM_BUS_ADDRESS": NO_BUS},
                 "sv_volumes": documents(host),
+                # partial.yml's volume, made only by that step.
+                "sv_late_uuid": volume_uuid(host, "late"),
             }
         self.inventory.write_text(json.dumps({"fleet": {
             "hosts": hosts,
@@ -304,8 +309,14 @@ def test_check_diff_changes_nothing_on_disk(fleet):
 
 def test_change_for_real(fleet):
     few = fleet.hosts[:FEW]
-    _, recap, _ = fleet.playbook("change.yml", "--forks", "10", "--limit", ",".join(few))
+    _, recap, output = fleet.playbook("change.yml", "--forks", "10", "--limit", ",".join(few))
     assert_recap(recap, few, changed=2, failed=0)
+    # No systemd here: the CLI wrote the flag and warned that nothing was
+    # reloaded; the task passes that on (Ansible shows an identical warning
+    # once, and wraps long lines).
+    said = " ".join(output.split())
+    assert "[WARNING]: systemd is not reachable, so nothing was reloaded: enabled = false" in said, \
+        output[-5000:]
     for host in few:
         assert fleet.registry(host, "raw")["size"] == GROWN
         assert fleet.backing(host, "raw").stat().st_size == GROWN
@@ -368,6 +379,59 @@ def test_info_in_check_mode(fleet):
         for volume in result["volumes"]:
             assert volume["uuid"] == volume_uuid(host, volume["name"])
             assert volume["device"] is None, "nothing is attached without `now`"
+
+
+def test_info_returns_a_registry_file_that_does_not_read(fleet):
+    host = fleet.hosts[FEW]  # one that kept its four volumes
+    bad = fleet.root(host) / "etc/sparse-volume/volumes.d" / (volume_uuid(host, "bad") + ".toml")
+    bad.write_text("size = 64M\n")  # a size must be quoted
+    try:
+        _, recap, _ = fleet.playbook("info.yml", "--check", "--limit", host)
+    finally:
+        bad.unlink()
+    # `list` exits 1 for it, and its listing is complete all the same.
+    assert_recap(recap, [host], failed=0)
+    result = json.loads((fleet.results / ("info-%s.json" % host)).read_text())
+    assert sorted(v["name"] for v in result["volumes"]) == ["data", "logs", "raw", "scratch"]
+    assert [(e["file"], e["line"]) for e in result["errors"]] == [(str(bad), 1)], result["errors"]
+    # The CLI's warning (no systemd here) is the task's.
+    assert [w.split(":")[0] for w in result.get("warnings", [])] == ["unit states are unknown"], result
+
+
+def plant_unusable_lock(fleet, host):
+    """A lock file of the host's "late" volume owned by nobody: the CLI
+    refuses a lock file that another user could hold open, so the attach
+    after the create (which takes no lock of the volume's) fails. A real
+    partial failure without systemd, found on a real CLI binary."""
+    lock = fleet.root(host) / "run/sparse-volume" / (volume_uuid(host, "late") + ".lock")
+    lock.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
+    lock.write_text("")
+    os.chown(lock, 65534, 65534)
+    return lock
+
+
+def test_failure_after_a_change_says_so(fleet):
+    few = fleet.hosts[:FEW]
+    locks = [plant_unusable_lock(fleet, host) for host in few]
+    try:
+        _, recap, _ = fleet.playbook("partial.yml", "--limit", ",".join(few))
+    finally:
+        for lock in locks:
+            lock.unlink()
+    assert_recap(recap, few, failed=0, ignored=1)
+    for host in few:
+        result = json.loads((fleet.results / ("partial-%s.json" % host)).read_text())
+        uuid_late = volume_uuid(host, "late")
+        assert result["failed"] is True and result["rc"] == 1, result
+        # The volume was made: a change, named by its UUID, with what was done.
+        assert result["changed"] is True, result
+        assert result["uuid"] == uuid_late, result
+        assert [a.split()[0] for a in result["actions"]] == ["create"], result
+        assert "owned by uid 65534" in result["msg"], result
+        assert fleet.registry(host, "late")["size"] == 64 * MIB
+        assert fleet.backing(host, "late").stat().st_size == 64 * MIB
+    attached = [f for f in attached_files() if f.startswith(str(fleet.base))]
+    assert attached == [], "the failed start attached %s" % attached
 
 
 def test_cli_alone(fleet):

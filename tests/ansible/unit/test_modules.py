@@ -49,15 +49,27 @@ class FakeCli:
 
 
 def run(monkeypatch, module, args, cli):
-    """Run a module's main() with args; return ("ok"|"failed", result)."""
+    """Run a module's main() with args; return ("ok"|"failed", result).
+
+    What the module passed to module.warn is the result's "warnings", as
+    Ansible returns it (only when there were any)."""
+    warnings = []
+
+    def with_warnings(result):
+        if warnings:
+            result["warnings"] = list(warnings)
+        return result
+
     def exit_json(self, **result):
-        raise Exited(result)
+        raise Exited(with_warnings(result))
 
     def fail_json(self, **result):
-        raise Failed(result)
+        raise Failed(with_warnings(result))
 
     monkeypatch.setattr(basic.AnsibleModule, "run_command",
                         lambda self, cmd, **kwargs: cli(cmd, **kwargs))
+    monkeypatch.setattr(basic.AnsibleModule, "warn",
+                        lambda self, warning, **kwargs: warnings.append(warning))
     monkeypatch.setattr(basic.AnsibleModule, "exit_json", exit_json)
     monkeypatch.setattr(basic.AnsibleModule, "fail_json", fail_json)
     # A bare binary name is looked up on the node; pretend it is installed.
@@ -168,6 +180,68 @@ def test_refusal_message_is_the_json_error(monkeypatch):
     assert "cannot shrink" in result["stdout"]
 
 
+def partly_applied(actions, reason):
+    """What the CLI prints when a step failed after others changed the
+    volume: changed, the UUID (chosen by the CLI when none was given) and
+    what was done, besides the error."""
+    message = "applying a volume named data: %s after: %s: %s" % (UUID, ", ".join(actions), reason)
+    return FakeCli(rc=1,
+                   stdout=json.dumps({"changed": True, "uuid": UUID, "actions": actions,
+                                      "dry_run": False, "error": message}),
+                   stderr="sparse-volume: " + message + "\n")
+
+
+def test_failure_after_a_change_reports_the_change_and_the_uuid(monkeypatch):
+    create = "create a filesystem (ext4) volume of 64.0 MiB"
+    cli = partly_applied([create], "attaching: no free loop device")
+    outcome, result = run(monkeypatch, sparse_volume, {"name": "data", "size": "64M", "now": True}, cli)
+    assert outcome == "failed"
+    # The volume exists now: the task changed the node, and the UUID the
+    # CLI chose is the only way to find it by UUID.
+    assert result["changed"] is True
+    assert result["uuid"] == UUID
+    assert result["actions"] == [create]
+    assert result["msg"].endswith("attaching: no free loop device")
+
+
+def test_a_refusal_changed_nothing(monkeypatch):
+    message = "volume data (" + UUID + "): cannot shrink from 128 MiB to 64 MiB"
+    cli = FakeCli(rc=1, stdout=json.dumps({"changed": False, "uuid": UUID, "dry_run": False,
+                                           "error": message}))
+    _, result = run(monkeypatch, sparse_volume, {"name": "data", "size": "64M"}, cli)
+    assert result["changed"] is False
+    assert result["uuid"] == UUID, "the volume the refusal is about"
+
+
+def test_cli_warnings_are_passed_on(monkeypatch):
+    after = dict(RECORD, enabled=False)
+    reload = ("systemd is not reachable, so nothing was reloaded: enabled = false takes "
+              "effect at the next boot")
+    typo = '/etc/sparse-volume/config.toml:3: unknown key "storage_root"; ignored'
+    cli = FakeCli(stdout=report(changed=True, actions=["disable"], after=after),
+                  stderr="sparse-volume: warning: %s\nINFO a log line\nsparse-volume: warning: %s\n"
+                         % (typo, reload))
+    outcome, result = run(monkeypatch, sparse_volume, {"name": "data", "enabled": False}, cli)
+    assert outcome == "ok"
+    assert result["warnings"] == [typo, reload]
+
+
+def test_cli_warnings_are_passed_on_with_a_failure(monkeypatch):
+    typo = '/etc/sparse-volume/config.toml:3: unknown key "storage_root"; ignored'
+    cli = FakeCli(rc=1, stdout=json.dumps({"changed": False, "uuid": None, "error": "no size"}),
+                  stderr="sparse-volume: warning: %s\nsparse-volume: no size\n" % typo)
+    outcome, result = run(monkeypatch, sparse_volume, {"name": "data"}, cli)
+    assert outcome == "failed"
+    assert result["msg"] == "no size"
+    assert result["warnings"] == [typo]
+
+
+def test_no_warnings_no_warnings_key(monkeypatch):
+    _, result = run(monkeypatch, sparse_volume, {"name": "data"},
+                    FakeCli(stdout=report(), stderr="INFO sparse-volume: nothing to do\n"))
+    assert "warnings" not in result
+
+
 def test_refusal_without_json_takes_the_prefixed_stderr_line(monkeypatch):
     cli = FakeCli(rc=1, stderr="WARN some log line\nsparse-volume: the registry is locked\n"
                                "sparse-volume: warning: unit states are unknown\n")
@@ -223,6 +297,42 @@ def test_info_lists_volumes(monkeypatch):
     assert result["volumes"] == listing["volumes"]
     assert result["systemd_error"] == "no bus"
     assert result["storage_roots"] == listing["storage_roots"]
+
+
+def test_info_lists_despite_an_unreadable_registry_file(monkeypatch):
+    # `list` exits 1 when a registry file does not read, and its report is
+    # complete all the same: the file is one of its errors.
+    bad = {"file": "/etc/sparse-volume/volumes.d/" + UUID + ".toml", "line": 1,
+           "reason": "string values must be quoted"}
+    listing = {"changed": False, "volumes": [dict(RECORD, allocated=4096)], "errors": [bad],
+               "systemd_error": None, "storage_roots": [], "dry_run": False}
+    unknown = "unit states are unknown: cannot reach systemd on the system bus"
+    cli = FakeCli(rc=1, stdout=json.dumps(listing), stderr="sparse-volume: warning: %s\n" % unknown)
+    outcome, result = run(monkeypatch, sparse_volume_info, {}, cli)
+    assert outcome == "ok", result
+    assert result["errors"] == [bad]
+    assert result["volumes"] == listing["volumes"]
+    assert result["warnings"] == [unknown]
+
+
+def test_info_failure_with_a_json_error_fails(monkeypatch):
+    # Exit 1 with the failure's object (no listing) stays a failure.
+    message = "cannot read /etc/sparse-volume/config.toml: Permission denied"
+    cli = FakeCli(rc=1, stdout=json.dumps({"changed": False, "uuid": None, "dry_run": False,
+                                           "error": message}),
+                  stderr="sparse-volume: " + message + "\n")
+    outcome, result = run(monkeypatch, sparse_volume_info, {}, cli)
+    assert outcome == "failed"
+    assert result["msg"] == message
+
+
+def test_info_usage_error_with_a_listing_still_fails(monkeypatch):
+    # Only exit 1 is "listed, with errors": anything else is a failure
+    # whatever stdout holds.
+    listing = {"changed": False, "volumes": [], "errors": [{"file": "x", "line": 1, "reason": "r"}]}
+    outcome, _ = run(monkeypatch, sparse_volume_info, {},
+                     FakeCli(rc=2, stdout=json.dumps(listing), stderr="error: bad\n"))
+    assert outcome == "failed"
 
 
 def test_info_failure(monkeypatch):

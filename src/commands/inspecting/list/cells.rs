@@ -53,10 +53,12 @@ impl State {
     }
 }
 
-/// `ext4`, `xfs` or `block`, with ` ro` for a read-only volume.
+/// `ext4`, `xfs` or `block`, with ` ro` for a volume read-only now (its
+/// device's state when attached; `status` and `check` say what changes at
+/// the next attach).
 pub fn mode(volume: &VolumeInfo) -> String {
     let kind = volume.fs_type.as_deref().unwrap_or(volume.mode);
-    if volume.read_only {
+    if volume.is_read_only_now() {
         format!("{kind} ro")
     } else {
         kind.to_string()

@@ -122,10 +122,11 @@ fn compact(report: &ListReport, style: &Style) -> Vec<String> {
     aligned(&rows, &ALIGN, style)
 }
 
-/// Every column, as `list` always showed them.
+/// Every column, the compact table's included, one line per volume.
 fn wide(report: &ListReport) -> Vec<String> {
     let header = [
-        "UUID", "NAME", "MODE", "SIZE", "ALLOC", "ENABLED", "DEVICE", "UNIT", "PATH",
+        "UUID", "NAME", "MODE", "FS", "RO", "SIZE", "ALLOC", "ENABLED", "DEVICE", "STATE", "UNIT",
+        "PATH",
     ];
     let mut rows: Vec<Vec<Cell>> = vec![header.iter().map(|h| Cell::plain(*h)).collect()];
     for v in &report.volumes {
@@ -134,6 +135,8 @@ fn wide(report: &ListReport) -> Vec<String> {
                 v.uuid.clone(),
                 v.name.clone().unwrap_or_else(|| "-".into()),
                 v.mode.to_string(),
+                v.fs_type.clone().unwrap_or_else(|| "-".into()),
+                yes_no(v.is_read_only_now()),
                 format_size(v.size),
                 format!(
                     "{}{}",
@@ -145,6 +148,7 @@ fn wide(report: &ListReport) -> Vec<String> {
                     .as_ref()
                     .or(v.device.as_ref())
                     .map_or("-".to_string(), |d| d.display().to_string()),
+                State::of(v).word().to_string(),
                 v.unit_state(),
                 v.path.display().to_string(),
             ]
@@ -153,7 +157,7 @@ fn wide(report: &ListReport) -> Vec<String> {
             .collect(),
         );
     }
-    aligned(&rows, &[Align::Left; 9], &Style::plain())
+    aligned(&rows, &[Align::Left; 12], &Style::plain())
 }
 
 /// Columns two spaces apart, sized on the columns the text takes on

@@ -25,7 +25,7 @@ use crate::engine::inspect::UNKNOWN;
 use crate::hooks::{self, Stop};
 use crate::kernel::files::ExclusiveLock;
 use crate::registry::{Registry, Volume};
-use crate::systemd::{unit_name, Systemd};
+use crate::systemd::Systemd;
 use crate::volume::id::VolumeId;
 use crate::volume::size::format_size;
 use crate::volume::size::round_up_to_mib;
@@ -372,7 +372,12 @@ impl Converge<'_> {
             // Exactly the registered size is no change, whole MiB or not.
             if asked != volume.size && round_up_to_mib(asked)? != volume.size {
                 // Refuses to shrink, with both sizes, like `resize`.
-                let grown = resize::grow(self.registry, &volume.id, asked, self.dry_run)?;
+                let grown = resize::grow(self.registry, &volume.id, asked, self.dry_run)
+                    .inspect_err(|error| {
+                        if error.is::<resize::PartlyGrown>() {
+                            self.actions.push(resize::PartlyGrown::ACTION.into());
+                        }
+                    })?;
                 self.actions.push(format!(
                     "resize {} to {}",
                     format_size(grown.old_size),
@@ -421,7 +426,7 @@ impl Converge<'_> {
             && desired.enabled.is_some()
             && self
                 .systemd
-                .is_some_and(|s| !systemd_agrees(s, &unit_name(&volume.id), enabled_after));
+                .is_some_and(|s| !systemd_agrees(self.registry, s, &volume.id, enabled_after));
         // Stopped first, like `disable --now`: a stop refused (the volume
         // is mounted) then leaves the flags as they were, not half a change;
         // and under the registry lock until the flags are written, which

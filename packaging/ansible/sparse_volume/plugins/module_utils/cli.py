@@ -13,6 +13,14 @@ import json
 
 # The CLI's stderr line for a failure starts with its name.
 ERROR_PREFIX = "sparse-volume: "
+# ... and a warning with this: it goes to stderr, never into the JSON.
+WARNING_PREFIX = ERROR_PREFIX + "warning: "
+
+# The keys of a failure's JSON that the task's result carries too: after a
+# change (an apply whose later step failed) `changed` is true and `uuid`
+# names the volume made, so the task neither hides the change nor loses
+# the UUID the CLI chose.
+FAILURE_KEYS = ("changed", "uuid", "actions")
 
 
 def find_binary(module):
@@ -25,19 +33,31 @@ def find_binary(module):
     return module.get_bin_path(binary, required=True)
 
 
-def error_message(rc, stdout, stderr):
-    """The CLI's one-line reason for a failed run."""
+def parse_report(stdout):
+    """The CLI's JSON object, or None when stdout holds none."""
     try:
         report = json.loads(stdout)
     except ValueError:
-        report = None
-    if isinstance(report, dict) and report.get("error"):
+        return None
+    return report if isinstance(report, dict) else None
+
+
+def cli_warnings(stderr):
+    """The CLI's warnings, without their prefix, in the order it gave them."""
+    return [line.strip()[len(WARNING_PREFIX):] for line in stderr.splitlines()
+            if line.strip().startswith(WARNING_PREFIX)]
+
+
+def error_message(rc, stdout, stderr):
+    """The CLI's one-line reason for a failed run."""
+    report = parse_report(stdout)
+    if report and report.get("error"):
         return report["error"]
     lines = [line.strip() for line in stderr.splitlines() if line.strip()]
     # Log lines and warnings ("sparse-volume: warning: ...") may come
     # first; the failure itself is the last prefixed line.
     for line in reversed(lines):
-        if line.startswith(ERROR_PREFIX) and not line.startswith(ERROR_PREFIX + "warning:"):
+        if line.startswith(ERROR_PREFIX) and not line.startswith(WARNING_PREFIX):
             return line[len(ERROR_PREFIX):]
     if lines:
         # A usage error (exit 2) is clap's text: the reason comes first.
@@ -45,15 +65,28 @@ def error_message(rc, stdout, stderr):
     return "sparse-volume exited with status %d and printed no message" % rc
 
 
-def run_json(module, args, data=None):
-    """Run the CLI; return its JSON report, or fail the task with its reason."""
+def exited_zero(rc, report):
+    """The usual meaning of success: exit status 0."""
+    return rc == 0
+
+
+def run_json(module, args, data=None, succeeded=exited_zero):
+    """Run the CLI; return its JSON report, or fail the task with its reason.
+
+    `succeeded(rc, report)` says whether the run answered the question
+    (`list` answers with exit 1 when a registry file does not read). The
+    CLI's warnings become the task's, whatever the outcome.
+    """
     cmd = [find_binary(module)] + list(args)
     rc, stdout, stderr = module.run_command(cmd, data=data)
-    if rc != 0:
+    for warning in cli_warnings(stderr):
+        module.warn(warning)
+    report = parse_report(stdout)
+    if not succeeded(rc, report):
+        carried = {key: report[key] for key in FAILURE_KEYS if report and key in report}
         module.fail_json(msg=error_message(rc, stdout, stderr),
+                         rc=rc, stdout=stdout, stderr=stderr, cmd=cmd, **carried)
+    if report is None:
+        module.fail_json(msg="sparse-volume printed no JSON report: %r" % stdout[:200],
                          rc=rc, stdout=stdout, stderr=stderr, cmd=cmd)
-    try:
-        return json.loads(stdout)
-    except ValueError as e:
-        module.fail_json(msg="sparse-volume printed no JSON report: %s" % e,
-                         rc=rc, stdout=stdout, stderr=stderr, cmd=cmd)
+    return report

@@ -18,7 +18,14 @@ description:
     options as one JSON document on standard input; every decision, check and refusal is the
     CLI's, so a task behaves exactly like the command on the node.
   - An existing volume is never re-formatted, shrunk or converted. Asking for that fails the
-    task with the CLI's reason.
+    task with the CLI's reason, and nothing changes.
+  - The CLI runs every step's checks before the first step changes anything. A step that
+    still fails after an earlier one changed the node (a volume created, then its start failed)
+    fails the task with C(changed=true), the volume's RV(uuid) and the RV(actions) done, so the
+    UUID the CLI chose is not lost.
+  - The warnings the CLI prints on standard error (a O(read_only) change that waits for the
+    next attach, a flag written while systemd is not reachable, an unknown key in its
+    configuration) become the task's warnings.
   - Options left out mean "do not care" for an existing volume and the CLI's default for a new one.
 author:
   - The sparse-volume project (@sparse-volume)
@@ -69,20 +76,22 @@ options:
   mode:
     description:
       - V(filesystem) formats the backing file with O(fs_type). V(block) writes a GPT with one
-        partition and no file system. Cannot be changed later.
+        partition and no file system. Cannot be changed later; a different value for an existing
+        volume is refused.
       - The CLI's default for a new volume is V(filesystem).
     type: str
     choices: [filesystem, block]
   fs_type:
     description:
-      - File system of a O(mode=filesystem) volume. Cannot be changed later.
+      - File system of a O(mode=filesystem) volume. Cannot be changed later; a different value
+        for an existing volume is refused.
       - The CLI's default for a new volume is V(ext4). V(xfs) needs at least 300 MB.
     type: str
     choices: [ext4, xfs]
   path:
     description:
       - Backing file on the node. The CLI's default is C(<storage root>/<uuid>). Cannot be
-        changed later.
+        changed later; a different value for an existing volume is refused.
     type: path
   enabled:
     description:
@@ -91,7 +100,8 @@ options:
     type: bool
   read_only:
     description:
-      - Whether the loop device is attached read-only.
+      - Whether the loop device is attached read-only. A change takes effect when the volume is
+        next attached (the task warns when it is attached now).
     type: bool
   preallocate:
     description:
@@ -100,12 +110,18 @@ options:
     type: bool
   sector_size:
     description:
-      - Logical sector size of the loop device. Only when creating (default V(512)).
+      - Logical sector size of the loop device, set when creating. The CLI's default for a new
+        volume is the logical sector size of the device holding the backing file.
+      - A different value for an existing volume is refused (the task fails, nothing changes);
+        leave it out to accept the existing volume's.
     type: int
     choices: [512, 4096]
   mkfs_options:
     description:
-      - Extra options for C(mkfs), one list item per argument. Only used when creating.
+      - Extra options for C(mkfs), one list item per argument, used when creating a
+        O(mode=filesystem) volume.
+      - For an existing volume, a list other than the options it was made with is refused (the
+        task fails, nothing changes); an empty list is no difference.
     type: list
     elements: str
   delete_data:
@@ -126,6 +142,8 @@ notes:
   - Safe to run repeatedly; a second run with the same options reports no change.
   - Growing is capacity-checked by the CLI against the real free space of the storage root,
     including what other volumes may still grow into.
+  - A failed task with C(changed=true) changed the node before it failed; its RV(uuid)
+    names the volume. Fix the cause (the CLI's message says it) and run the task again.
 seealso:
   - module: sparse_volume.sparse_volume.sparse_volume_info
 """
@@ -166,6 +184,8 @@ uuid:
   description: The volume UUID (the one the CLI chose when creating without O(uuid)).
     Null for an absent volume that was not known, and in check mode for a volume that
     would be created without O(uuid) (the CLI picks the UUID only when it creates it).
+    A failed task returns the UUID the CLI's failure names (null when no volume was known);
+    after a partial change (C(changed=true)) it is the volume that was made or changed.
   returned: always
   type: str
   sample: 0b6e3c52-4a8e-4f5f-9d8a-2f3c1f2b9e11
@@ -177,8 +197,11 @@ name:
 actions:
   description:
     - What was done (or, in check mode, would be done), in order. Each entry begins with one of
-      V(create), V(resize), V(enable), V(disable), V(read-only), V(read-write), V(start),
-      V(stop), V(remove), V(delete-data), possibly followed by details meant for people.
+      V(create), V(resize), V(rename), V(enable), V(disable), V(read-only), V(read-write),
+      V(start), V(stop), V(reload), V(remove), V(delete-data), possibly followed by details
+      meant for people, such as V(rename to "pv-postgres"). V(reload) is a systemd reload for
+      an O(enabled) flag that systemd had not seen yet.
+    - A task that failed after a change returns what was done before the failure.
   returned: always
   type: list
   elements: str

@@ -13,6 +13,9 @@ description:
   - Runs C(sparse-volume list --json) on the managed node and returns what it reports, that is every
     registered volume with its backing file, size, loop device, udev link and unit state,
     registry files that failed to parse, and the free space of the storage roots.
+  - A registry file that does not read is one of RV(errors), not a failed task.
+  - The warnings the CLI prints on standard error (such as unit states that are unknown because
+    systemd is not reachable) become the task's warnings.
   - Changes nothing.
 author:
   - The sparse-volume project (@sparse-volume)
@@ -129,11 +132,30 @@ volumes:
       unit: sparse-volume@0b6e3c52-4a8e-4f5f-9d8a-2f3c1f2b9e11.service
       active_state: active
 errors:
-  description: Registry files that failed to parse or validate (C(file), C(line), C(reason)).
+  description:
+    - Registry files that failed to parse or validate. The CLI exits 1 when there are any,
+      with the rest of its listing complete; the task succeeds and returns them here, so a
+      play can check them (no C(ignore_errors) needed).
   returned: always
   type: list
   elements: dict
-  sample: []
+  contains:
+    file:
+      description: The registry file.
+      type: str
+      returned: always
+    line:
+      description: The line the reason is about, or null.
+      type: int
+      returned: always
+    reason:
+      description: Why the file does not read.
+      type: str
+      returned: always
+  sample:
+    - file: /etc/sparse-volume/volumes.d/0b6e3c52-4a8e-4f5f-9d8a-2f3c1f2b9e11.toml
+      line: 3
+      reason: "string values must be quoted, expected literal string"
 storage_roots:
   description: Each storage root's file system, its free space against what its volumes may
     still grow into.
@@ -152,6 +174,15 @@ from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.sparse_volume.sparse_volume.plugins.module_utils.cli import run_json
 
 
+def listed(rc, report):
+    """Whether `list` answered: exit 0, or exit 1 with a complete listing
+    whose `errors` name the registry files that do not read (the CLI's
+    exit status flags them; the task returns them)."""
+    if rc == 0:
+        return True
+    return rc == 1 and report is not None and "volumes" in report and bool(report.get("errors"))
+
+
 def main():
     module = AnsibleModule(
         argument_spec=dict(
@@ -159,7 +190,7 @@ def main():
         ),
         supports_check_mode=True,
     )
-    report = run_json(module, ["list", "--json"])
+    report = run_json(module, ["list", "--json"], succeeded=listed)
     module.exit_json(
         changed=False,
         volumes=report.get("volumes") or [],

@@ -88,6 +88,7 @@ fn volume(spec: Spec) -> VolumeInfo {
         }),
         problems: Vec::new(),
         needs_root: None,
+        device_read_only: None,
     }
 }
 
