@@ -476,14 +476,19 @@ fn enable_now_refuses_before_the_flag_and_a_silent_bus_is_not_no_systemd() {
     fs::remove_file(&cmdline).unwrap();
 
     fs::create_dir_all(fx.host("/run/systemd/system")).unwrap();
-    let silent = fx.run(&["enable", "db"]);
-    assert_eq!(silent.code, 1, "{}", silent.stderr);
-    assert!(
-        silent.stderr.contains("does not answer"),
-        "{}",
-        silent.stderr
-    );
-    assert_eq!(registry_entry(&fx, &uuid)["enabled"].as_bool(), Some(false));
+    for args in [
+        &["enable", "db"][..],
+        &["apply", "--name", "db", "--enabled", "true"],
+    ] {
+        let silent = fx.run(args);
+        assert_eq!(silent.code, 1, "{args:?}: {}", silent.stderr);
+        assert!(
+            silent.stderr.contains("does not answer"),
+            "{args:?}: {}",
+            silent.stderr
+        );
+        assert_eq!(registry_entry(&fx, &uuid)["enabled"].as_bool(), Some(false));
+    }
 }
 
 /// Without systemd, `enable --now` attaches under the registry lock, so a

@@ -18,7 +18,7 @@ use crate::commands::provisioning::{remove, resize};
 use crate::commands::report::{Failure, Outcome, Report};
 use crate::engine::activate::{
     attached_devices, bring_down_now, bring_up_now, flag_without_systemd, refuse_if_in_use,
-    reload_if_reachable, systemd_agrees,
+    reload_if_reachable, systemd_agrees, systemd_unless_absent,
 };
 use crate::engine::attach::{attach_planned, refuse_if_skipped};
 use crate::engine::inspect::UNKNOWN;
@@ -114,7 +114,11 @@ pub fn apply(registry: &Registry, desired: &Desired, dry_run: bool) -> Outcome<A
 }
 
 fn converge(registry: &Registry, desired: &Desired, dry_run: bool) -> Outcome<ApplyReport> {
-    let systemd = Systemd::connect().ok();
+    // As `enable`: no systemd is a machine it did not boot; a bus that
+    // does not answer on one it booted is refused.
+    let systemd = systemd_unless_absent(registry)
+        .map_err(Failure::Unchanged)?
+        .ok();
     let existing = find(registry, desired).map_err(Failure::Unchanged)?;
     let before = existing
         .as_ref()
