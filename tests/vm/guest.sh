@@ -1142,7 +1142,9 @@ package() {
     findmnt /srv/consumer >/dev/null || fail "upgrading the package unmounted a consumer"
     [[ -z $(systemctl --failed --no-legend --plain) ]] || fail "units failed during the upgrade"
     local warned
-    warned=$(apt-get remove -y sparse-volume 2>&1 >/dev/null) || fail "apt-get remove failed: $warned"
+    # apt-get runs dpkg on a terminal of its own: the maintainer scripts'
+    # stderr comes out on apt-get's stdout.
+    warned=$(apt-get remove -y sparse-volume 2>&1) || fail "apt-get remove failed: $warned"
     [[ -f /etc/sparse-volume/volumes.d/$EXT4.toml && -f /var/lib/sparse-volume/$EXT4 ]] ||
         fail "apt-get remove deleted the registry or the data"
     # Issue 25, item 23: the volumes nothing will attach at the next boot.
