@@ -336,10 +336,11 @@ check_bash_completion() {
 
 # The stubs' answers to list-units and show: one volume unit is active and
 # wants its blockdev@ target, so the scripts' start of the targets of
-# active volumes (which runs nothing) shows in the log.
+# active volumes (which runs nothing) shows in the log. `show` quotes the
+# name as systemd 252 does (C-style, for its backslash).
 # shellcheck disable=SC2016 # $1 is the stub's
 ACTIVE_UNIT_STUB='[ "$1" != list-units ] || echo "sparse-volume@x.service loaded active exited Sparse volume x"
-[ "$1" != show ] || echo "modprobe@loop.service blockdev@dev-disk-by\\x2duuid-x.target"'
+[ "$1" != show ] || printf "%s\n" "modprobe@loop.service \"blockdev@dev-disk-by\\\\x2duuid-x.target\""'
 START_ACTIVE=$'list-units --no-legend --plain --state=active sparse-volume@*.service\nshow -p Wants --value sparse-volume@x.service\nstart --no-block --job-mode=fail blockdev@dev-disk-by\\x2duuid-x.target'
 
 # A scratch root for one scenario, with stubs of systemctl,

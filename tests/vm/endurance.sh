@@ -45,8 +45,9 @@ target=${target:-$PWD/target}
 # shellcheck source=tests/vm/lib.sh
 . tests/vm/lib.sh
 on_exit() {
-    local rc
-    rc=$(vm_status_after_panic $?)
+    # $? first: `local` is a command, and would leave 0 there.
+    local rc=$?
+    rc=$(vm_status_after_panic "$rc")
     if ((rc != 0 && rc != 75)) && [[ -n $SV_VM_PID ]] && vm__qemu_alive; then
         vm_log "the churn's last steps and the writers' errors in the guest:"
         vm_ssh 'tail -n 30 /root/churn.log; tail -n 5 /root/writers.log' </dev/null >&2 || true

@@ -1111,6 +1111,13 @@ detach_by_link() {
 # makes the consumers unmount before the volume detaches at shutdown.
 blockdev_targets_active() {
     local unit uuid link target i
+    # postinst queues the starts without waiting for them: first let
+    # systemd finish what it has queued (a reload's stops of unneeded
+    # targets among them).
+    for ((i = 0; i < 100; i++)); do
+        [[ -n $(systemctl list-jobs --no-legend) ]] || break
+        sleep 0.2
+    done
     for unit in $(systemctl list-units --no-legend --plain --state=active 'sparse-volume@*.service' | awk '{ print $1 }'); do
         uuid=${unit#sparse-volume@}
         uuid=${uuid%.service}
@@ -1123,7 +1130,7 @@ blockdev_targets_active() {
             sleep 0.2
         done
         systemctl is-active --quiet "$target" ||
-            fail "$1: $target is $(systemctl is-active "$target" || true) under the active $unit: its consumers would not unmount before it detaches at shutdown"
+            fail "$1: $target is $(systemctl is-active "$target" || true) under the active $unit: its consumers would not unmount before it detaches at shutdown (the unit wants: $(systemctl show -p Wants --value "$unit"); jobs: $(systemctl list-jobs --no-legend | tr '\n' ';'); the target's journal: $(journalctl -b --no-pager -o cat -n 5 -u "$target" | tr '\n' ';'))"
     done
 }
 

@@ -51,8 +51,10 @@ target=${target:-$PWD/target}
 # shellcheck source=tests/vm/lib.sh
 . tests/vm/lib.sh
 on_exit() {
-    local rc
-    rc=$(vm_status_after_panic $?)
+    # $? first: `local` is a command, and would leave 0 there (which made
+    # every failed phase exit 0, from 53cbfe3 until found in issue 25).
+    local rc=$?
+    rc=$(vm_status_after_panic "$rc")
     vm_cleanup || true
     exit "$rc"
 }
