@@ -73,13 +73,8 @@ pub fn test_python() -> String {
 /// Whether this process holds CAP_SYS_RESOURCE, which online ext4 growth
 /// needs and root in a container (these CI machines among them) may lack.
 pub fn has_cap_sys_resource() -> bool {
-    let status = fs::read_to_string("/proc/self/status").unwrap();
-    let effective = status
-        .lines()
-        .find_map(|l| l.strip_prefix("CapEff:"))
-        .unwrap()
-        .trim();
-    u64::from_str_radix(effective, 16).unwrap() & (1 << 24) != 0
+    use sparse_volume::kernel::capabilities::{has_effective, CAP_SYS_RESOURCE};
+    has_effective(CAP_SYS_RESOURCE)
 }
 
 pub fn new_uuid() -> String {

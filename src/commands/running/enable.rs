@@ -103,7 +103,7 @@ fn set_enabled(
     // bus that does not answer on a machine systemd runs. Without systemd
     // the flag is still written (the generator reads it at the next boot),
     // and `--now` attaches or detaches directly, as `apply` does.
-    registry.require(id).map_err(Failure::unchanged)?;
+    registry.require(id).map_err(Failure::Unchanged)?;
     let systemd = systemd_unless_absent(registry).map_err(Failure::Unchanged)?;
     let warnings = match &systemd {
         Ok(_) => Vec::new(),
