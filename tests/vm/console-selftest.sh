@@ -75,6 +75,20 @@ check "no panic in any boot: vm_guest_panicked is false" refuse vm_guest_panicke
 } >"$SV_VM_RUN/serial.log"
 check "emergency mode followed by more console: vm__serial_emergency" vm__serial_emergency
 
+# The negative control's reason early in a long console: a reader that
+# stops at the first match must not turn "found" into "not found" (CI
+# once failed the negative control this way).
+{
+    boot_console
+    printf '[DEPEND] Dependency failed for \x1b[0;1;39msrv-block.mount\x1b[0m - /srv/block.\r\n'
+    boot_console | tail -n +2
+} >"$SV_VM_RUN/serial.log"
+why=$(vm__serial_missing_device) || why=
+check "a missing device's mount early in a long console: vm__serial_missing_device finds it" \
+    grep -q 'Dependency failed for srv-block.mount - /srv/block' <<<"$why"
+boot_console >"$SV_VM_RUN/serial.log"
+check "no missing device: vm__serial_missing_device is false" refuse vm__serial_missing_device
+
 if ((failures)); then
     printf '%d check(s) of the console reading failed\n' "$failures"
     exit 1

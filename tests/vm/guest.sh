@@ -797,7 +797,7 @@ unit_states() {
     [[ $(json_field changed <<<"$out") == true && $(json_field reloaded <<<"$out") == true &&
         $(json_field enabled <<<"$out") == true && $(json_field job_result <<<"$out") == null ]] ||
         fail "enable (no --now) of the disabled volume: expected changed, reloaded and enabled true, job_result null: $out"
-    systemctl show -P Wants sparse-volumes.target | grep -qw "sparse-volume@$DISABLED.service" ||
+    grep -qw "sparse-volume@$DISABLED.service" <<<"$(systemctl show -P Wants sparse-volumes.target)" ||
         fail "enable said \"reloaded\":true, but systemd's sparse-volumes.target does not want sparse-volume@$DISABLED.service: $(systemctl show -P Wants sparse-volumes.target)"
     [[ -z $(losetup --noheadings -j "$file") ]] || fail "enable without --now attached $DISABLED"
     [[ $(systemctl is-active "sparse-volume@$DISABLED.service") == inactive ]] ||
@@ -808,7 +808,7 @@ unit_states() {
     run_rc out err $CLI disable "$DISABLED" --json
     [[ $rc == 0 && $(json_field changed <<<"$out") == true && $(json_field reloaded <<<"$out") == true ]] ||
         fail "disable (no --now): expected exit 0, changed and reloaded true; exit $rc: $out $err"
-    ! systemctl show -P Wants sparse-volumes.target | grep -qw "sparse-volume@$DISABLED.service" ||
+    ! grep -qw "sparse-volume@$DISABLED.service" <<<"$(systemctl show -P Wants sparse-volumes.target)" ||
         fail "after disable, sparse-volumes.target still wants sparse-volume@$DISABLED.service"
     log "enable/disable without --now: reloaded, systemd's wants follow the flag, nothing started"
 

@@ -372,6 +372,15 @@ vm__serial_emergency() {
     grep -q 'You are in emergency mode' <<<"$(vm__serial_this_boot)"
 }
 
+# The first line of the running boot's console that says a volume's device
+# never came (the negative control's expected failure); false when none
+# does. Names are cut short on the console ("dev-d…"), so the mounts that
+# wait for the devices are matched too.
+vm__serial_missing_device() {
+    grep -E -m 1 'Timed out waiting for device .*/dev/disk/by-(part)?uuid/|Dependency failed for .*/srv/(consumer|block)' \
+        <<<"$(vm__serial_this_boot)"
+}
+
 # True when the running boot's kernel panicked: nothing will answer again.
 vm__serial_panicked() {
     grep -q 'Kernel panic - not syncing' <<<"$(vm__serial_this_boot)"

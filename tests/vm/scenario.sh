@@ -131,8 +131,7 @@ negative_control() {
         vm_log "FAIL: negative control: boot 5 came up without the generator: these boots cannot see a missing generator"
         exit 1
     fi
-    why=$(vm__serial_this_boot |
-        grep -E -m 1 'Timed out waiting for device .*/dev/disk/by-(part)?uuid/|Dependency failed for .*/srv/(consumer|block)') || {
+    why=$(vm__serial_missing_device) || {
         vm_log "FAIL: negative control: boot 5 failed, but not because a volume's device was missing (see above)"
         exit 1
     }
