@@ -6,6 +6,12 @@
                                         UUIDs, for the generator comparison:
                                         FSTAB (`defaults 0 2`) and
                                         FSTAB.nofail (`defaults,nofail 0 2`)
+  fixtures.py volumes ROOT N          N registered volumes under ROOT with
+                                        sparse backing files of 1 GiB (no
+                                        content: what a listing reads is
+                                        the registry, the files' sizes and
+                                        the loop devices); prints the
+                                        backing files' host paths
   fixtures.py snapshot FILE           the loop device numbers that exist
   fixtures.py add-unbound N           loop device nodes until N unbound
                                         ones exist (LOOP_CTL_ADD)
@@ -39,6 +45,28 @@ def registry(root, fstab, count):
                 )
             table.write(f"UUID={volume} /srv/volume{index} ext4 defaults 0 2\n")
             nofail.write(f"UUID={volume} /srv/volume{index} ext4 defaults,nofail 0 2\n")
+
+
+def volumes(root, count):
+    entries = os.path.join(root, "etc/sparse-volume/volumes.d")
+    storage = os.path.join(root, "var/lib/sparse-volume")
+    os.makedirs(entries, exist_ok=True)
+    os.makedirs(storage, exist_ok=True)
+    for _ in range(count):
+        volume = str(uuid.uuid4())
+        backing = os.path.join(storage, volume)
+        with open(backing, "w") as file:
+            file.truncate(1 << 30)
+        with open(os.path.join(entries, volume + ".toml"), "w") as entry:
+            entry.write(
+                f'uuid = "{volume}"\n'
+                f'path = "/var/lib/sparse-volume/{volume}"\n'
+                "size = 1073741824\n"
+                'mode = "filesystem"\n'
+                'fs_type = "ext4"\n'
+                "enabled = true\n"
+            )
+        print(backing)
 
 
 def loop_numbers():
@@ -94,6 +122,8 @@ def main(argv):
     command = argv[1] if len(argv) > 1 else ""
     if command == "registry" and len(argv) == 5:
         registry(argv[2], argv[3], int(argv[4]))
+    elif command == "volumes" and len(argv) == 4:
+        volumes(argv[2], int(argv[3]))
     elif command == "snapshot" and len(argv) == 3:
         snapshot(argv[2])
     elif command == "add-unbound" and len(argv) == 3:

@@ -143,6 +143,8 @@ stage() {
     install -D -m 0644 "$TOP/units/$NAME.tmpfiles" "$root/usr/lib/tmpfiles.d/$NAME.conf"
     install -D -m 0644 "$HERE/prometheus/$NAME-alerts.yml" \
         "$root/usr/share/$NAME/prometheus-alerts.yml"
+    install -D -m 0644 "$HERE/grafana/$NAME-dashboard.json" \
+        "$root/usr/share/$NAME/grafana-dashboard.json"
 
     install -D -m 0644 "$HERE/config.toml" "$root/etc/$NAME/config.toml"
     install -d -m 0755 "$root/etc/$NAME/volumes.d"

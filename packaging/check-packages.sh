@@ -15,7 +15,8 @@
 #   agree with `cargo metadata`;
 # - install.sh's apt-get would install a rebuilt package of the installed
 #   version again (simulated);
-# - the bash completion parses and completes a subcommand's option values;
+# - the completions offer a subcommand's option values and the registered
+#   volumes (bash and fish run, zsh parses);
 # - no shipped binary carries the test hooks (src/hooks.rs: the names of
 #   their environment variables), which the test build does carry;
 # - the unit's program (/usr/libexec/sparse-volume-unit) and the generator
@@ -37,7 +38,8 @@
 # Release 2 is built here with rpmbuild from the spec, reusing the binaries
 # in CARGO_TARGET_DIR: run it with the target directory of the build.
 # Needs root (rpm --root chroots), dpkg, lintian, rpm, rpmlint, man-db,
-# cpio, apt-get, and cargo and python3 (cargo metadata, offline).
+# cpio, apt-get, fish, zsh, and cargo and python3 (cargo metadata,
+# offline).
 # Runs every check, then prints "N passed, N failed" and exits non-zero if
 # any failed.
 set -euo pipefail
@@ -320,17 +322,38 @@ check_man_pages() {
     return "$status"
 }
 
-# The installed bash completion, sourced as bash-completion does, offers
-# a subcommand's options and an option's values (packaging/docgen mends
-# the script clap_complete writes; its tests try more words).
-check_bash_completion() {
-    local script=$1 offered
-    bash -n "$script" || return 1
+# The installed completions, run as the shells run them, with the
+# installed binary on PATH and a registry of two volumes: bash (sourced as
+# bash-completion does, through the function `complete -p` names) offers a
+# subcommand's option values and the volumes' UUIDs and names where a
+# command takes a volume; fish (`complete -C`) offers the volumes too; the
+# zsh script parses (packaging/docgen's tests try more words).
+check_completions() (
+    local root=$1 registry volume offered function
+    registry=$SCRATCH/completion-registry
+    volume=6f1c2a8e-3b4d-4e5f-8a9b-0c1d2e3f4a5b
+    mkdir -p "$registry/etc/sparse-volume/volumes.d"
+    printf '%s\n' "uuid = \"$volume\"" "name = \"pg-data\"" \
+        "path = \"/var/lib/sparse-volume/$volume\"" "size = 67108864" \
+        'mode = "filesystem"' 'fs_type = "ext4"' >"$registry/etc/sparse-volume/volumes.d/$volume.toml"
+    # shellcheck disable=SC2030 # the function runs in a subshell: so do these
+    export SPARSE_VOLUME_ROOT=$registry PATH=$root/usr/bin:$PATH
+    local bash_script=$root/usr/share/bash-completion/completions/sparse-volume
+    bash -n "$bash_script" || return 1
+    # shellcheck disable=SC2016 # expanded by the inner bash
+    function=$(bash -c 'source "$1"; complete -p sparse-volume' bash "$bash_script" | sed -n 's/.*-F \([^ ]*\) .*/\1/p')
     # shellcheck disable=SC2016 # expanded by the inner bash
     offered=$(bash -c 'source "$1"; COMP_WORDS=(sparse-volume create --fs ""); COMP_CWORD=3
-        _sparse__volume sparse-volume "" --fs; echo "${COMPREPLY[*]}"' bash "$script")
-    field_is "completions of create --fs" "$offered" "ext4 xfs"
-}
+        "$2" sparse-volume "" --fs; echo "${COMPREPLY[*]}"' bash "$bash_script" "$function")
+    field_is "bash: completions of create --fs" "$offered" "ext4 xfs" || return 1
+    # shellcheck disable=SC2016 # expanded by the inner bash
+    offered=$(bash -c 'source "$1"; COMP_WORDS=(sparse-volume status ""); COMP_CWORD=2
+        "$2" sparse-volume "" status; echo "${COMPREPLY[*]}"' bash "$bash_script" "$function")
+    field_is "bash: completions of status" "$offered" "$volume pg-data" || return 1
+    offered=$(fish -c "source $root/usr/share/fish/vendor_completions.d/sparse-volume.fish; complete -C 'sparse-volume detach '" | cut -f1 | sort | tr '\n' ' ')
+    field_is "fish: completions of detach" "$offered" "$volume pg-data " || return 1
+    zsh -n "$root/usr/share/zsh/vendor-completions/_sparse-volume"
+)
 
 # --- maintainer scripts -----------------------------------------------------
 
@@ -798,8 +821,8 @@ main() {
     check "README.md and docs/guide/ shipped as docs" check_shipped_docs "$rpm" "$SCRATCH/root"
     check "copyright and License: cover the linked crates (cargo metadata)" check_crate_licenses "$rpm" "$SCRATCH/root"
     check "install.sh reinstalls a rebuilt package of the installed version" check_install_reinstalls "$deb"
-    check "bash completion parses and completes after the subcommand" \
-        check_bash_completion "$SCRATCH/root/usr/share/bash-completion/completions/sparse-volume"
+    check "completions (bash, fish, zsh) offer option values and the registered volumes" \
+        check_completions "$SCRATCH/root"
     check "no shipped binary carries the test hooks" check_no_test_hooks "$SCRATCH/root"
     check "the unit's program and the generator have no clap or zbus code" check_lean_boot_binary "$SCRATCH/root"
     check "config.toml is the commented example" \

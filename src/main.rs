@@ -12,7 +12,7 @@ use sparse_volume::cli::logging;
 use sparse_volume::cli::output::{warn, Output};
 use sparse_volume::cli::usage::usage_error;
 use sparse_volume::cli::warnings::registry_warnings;
-use sparse_volume::commands::inspecting::{check, list, metrics, pv, status};
+use sparse_volume::commands::inspecting::{check, list, metrics, pv, status, volume_names};
 use sparse_volume::commands::provisioning::remove::RemoveReport;
 use sparse_volume::commands::provisioning::{apply, create, register, remove, resize};
 use sparse_volume::commands::running::{attach, detach, enable, start};
@@ -135,6 +135,7 @@ fn run(
             }
             Err(message) => out.usage(&message),
         },
+        Command::VolumeNames => out.document(Ok(volume_names::volume_names(registry))),
         Command::Pv(args) => {
             let uuid = args.volume.as_ref().map(|_| id());
             out.document(pv::manifest(registry, &args.request(uuid, cli.json)))

@@ -550,6 +550,7 @@ const VOLUME_FIELDS: &[&str] = &[
     "partition",
     "link",
     "link_state",
+    "io",
     "link_target",
     "unit",
     "active_state",
@@ -689,6 +690,90 @@ fn list_and_status_json_have_the_documented_fields() {
 
     world.run_ok(&["detach", &attached]);
     world.run_ok(&["detach", &block]);
+}
+
+#[test]
+fn list_and_metrics_ask_systemd_once_for_every_units_state() {
+    needs_root!();
+    let world = World::new();
+    let fx = &world.fx;
+    // 12 volumes: one started, one whose start failed (no backing file),
+    // the others never loaded by systemd.
+    let volumes: Vec<String> = (0..11).map(|_| world.volume(true)).collect();
+    let failing = new_uuid();
+    fx.register(&failing, "filesystem", "");
+    world.run_ok(&["start", &volumes[0]]);
+    assert_ne!(world.run(&["start", &failing]).code, 0);
+
+    for command in [["list", "--json"], ["metrics", "--json"]] {
+        let seen = world.calls().len();
+        let run = world.run_ok(&command);
+        let calls = world.calls()[seen..].to_vec();
+        let listings: Vec<&String> = calls
+            .iter()
+            .filter(|c| c.starts_with("ListUnitsByPatterns"))
+            .collect();
+        assert_eq!(
+            listings,
+            ["ListUnitsByPatterns [] [sparse-volume@*.service]"],
+            "{command:?}: {calls:?}"
+        );
+        // Only the failed unit is asked more (its Result).
+        let failing_unit = unit(&failing);
+        let asked: Vec<&String> = calls
+            .iter()
+            .filter(|c| c.starts_with("GetUnit") || c.starts_with("LoadUnit"))
+            .collect();
+        assert_eq!(
+            asked,
+            [&format!("GetUnit {failing_unit}")],
+            "{command:?}: {calls:?}"
+        );
+        if command[0] == "list" {
+            let list = run.json();
+            let state = |uuid: &str| {
+                let v = list["volumes"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .find(|v| v["uuid"] == uuid)
+                    .unwrap()
+                    .clone();
+                (
+                    v["active_state"].clone(),
+                    v["sub_state"].clone(),
+                    v["unit_result"].clone(),
+                )
+            };
+            assert_eq!(
+                state(&volumes[0]),
+                ("active".into(), "exited".into(), "success".into())
+            );
+            assert_eq!(
+                state(&failing),
+                ("failed".into(), "failed".into(), "exit-code".into())
+            );
+            assert_eq!(
+                state(&volumes[5]),
+                ("inactive".into(), "dead".into(), "success".into())
+            );
+        } else {
+            let text = run.stdout;
+            let active = |uuid: &str| {
+                text.lines()
+                    .find(|l| l.starts_with("sparse_volume_unit_active{") && l.contains(uuid))
+                    .unwrap_or_else(|| panic!("no unit_active for {uuid}: {text}"))
+                    .rsplit(' ')
+                    .next()
+                    .unwrap()
+                    .to_string()
+            };
+            assert_eq!(active(&volumes[0]), "1");
+            assert_eq!(active(&failing), "0");
+            assert_eq!(active(&volumes[5]), "0");
+        }
+    }
+    world.run_ok(&["detach", &volumes[0]]);
 }
 
 #[test]

@@ -359,6 +359,10 @@ fn json_keys_are_kept() {
         "link",
         "link_state",
         "link_target",
+        // Issue 27: what went through the device since the attach, and
+        // the mounted file system's health.
+        "io",
+        "fs_health",
         "unit",
         "active_state",
         "sub_state",

@@ -16,7 +16,7 @@ use std::sync::Arc;
 use std::thread;
 use std::time::Duration;
 
-use common::{free_and_total, test_python, tool, Fixture};
+use common::{free_and_total, test_python, tool, Fixture, Mounted};
 use serde_json::Value;
 
 /// One sample as the real parser read it.
@@ -550,4 +550,289 @@ fn registry_errors_and_the_last_check_are_exposed() {
         None
     );
     fx.run_ok(&["detach", &uuid]);
+}
+
+/// Bytes fio says it moved in `rw` (`read` or `write`) of `file`, 1 MiB
+/// requests straight to the device (O_DIRECT), flushed at the end.
+fn fio(rw: &str, file: &Path, bytes: u64) -> u64 {
+    let report = tool(
+        "fio",
+        &[
+            "--name=volume",
+            &format!("--filename={}", file.display()),
+            &format!("--rw={rw}"),
+            "--bs=1M",
+            &format!("--size={bytes}"),
+            "--direct=1",
+            "--end_fsync=1",
+            "--output-format=json",
+        ],
+    );
+    let report: Value = serde_json::from_str(&report).expect("fio's JSON report");
+    let side = if rw == "write" { "write" } else { "read" };
+    report["jobs"][0][side]["io_bytes"]
+        .as_u64()
+        .unwrap_or_else(|| panic!("no {side} io_bytes in fio's report: {report}"))
+}
+
+#[test]
+fn io_counters_rise_by_what_fio_moved_and_start_again_at_each_attach() {
+    needs_root!();
+    let fx = Fixture::new();
+    let made = fx.run_ok(&[
+        "create", "--size", "256M", "--name", "pg", "--now", "--json",
+    ]);
+    let uuid = made.json()["uuid"].as_str().unwrap().to_string();
+    let device = made.json()["device"].as_str().unwrap().to_string();
+    let block = fx.run_ok(&[
+        "create", "--size", "64M", "--mode", "block", "--now", "--json",
+    ]);
+    let block_uuid = block.json()["uuid"].as_str().unwrap().to_string();
+    let block_device = block.json()["device"].as_str().unwrap().to_string();
+    let _detach = (
+        common::DetachOnDrop(device.clone()),
+        common::DetachOnDrop(block_device),
+    );
+    // noinit_itable: no background zeroing of inode tables, so what the
+    // file system writes besides fio's data is its journal and metadata.
+    let mounted = Mounted::new(&fx, &device, &["-o", "noinit_itable"]).expect("mounting pg");
+    let data = mounted.0.join("data");
+    let label = Some(("uuid", uuid.as_str()));
+    let counter = |samples: &[Sample], name: &str| must(samples, name, label);
+    // The file system's metadata for 64 MiB of data: its journal commits
+    // and block bitmaps, far below this.
+    const OVERHEAD: u64 = 4 << 20;
+
+    let before = parse(&fx.run_ok(&["metrics"]).stdout);
+    let written = fio("write", &data, 64 << 20);
+    assert_eq!(written, 64 << 20, "fio wrote less than asked");
+    tool("sync", &["-f", mounted.0.to_str().unwrap()]);
+    let text = fx.run_ok(&["metrics"]).stdout;
+    assert_eq!(lint(&text), "", "promtool check metrics");
+    let after_write = parse(&text);
+    let grew = counter(&after_write, "sparse_volume_written_bytes_total")
+        - counter(&before, "sparse_volume_written_bytes_total");
+    assert!(
+        (written..=written + OVERHEAD).contains(&grew),
+        "fio wrote {written} bytes; the counter rose by {grew}"
+    );
+    let requests = counter(&after_write, "sparse_volume_writes_completed_total")
+        - counter(&before, "sparse_volume_writes_completed_total");
+    assert!(requests >= 64, "64 requests of 1 MiB, counted {requests}");
+
+    // Read back past the page cache.
+    let read = fio("read", &data, 64 << 20);
+    let after_read = parse(&fx.run_ok(&["metrics"]).stdout);
+    let grew_read = counter(&after_read, "sparse_volume_read_bytes_total")
+        - counter(&after_write, "sparse_volume_read_bytes_total");
+    assert!(
+        (read..=read + OVERHEAD).contains(&grew_read),
+        "fio read {read} bytes; the counter rose by {grew_read}"
+    );
+    for name in [
+        "sparse_volume_read_time_seconds_total",
+        "sparse_volume_write_time_seconds_total",
+        "sparse_volume_io_time_seconds_total",
+        "sparse_volume_discards_completed_total",
+        "sparse_volume_io_now",
+    ] {
+        assert!(value(&after_read, name, label).is_some(), "no {name}");
+    }
+    assert!(
+        value(&after_read, "sparse_volume_io_time_seconds_total", label).unwrap() > 0.0,
+        "128 MiB of direct I/O took no time"
+    );
+    // A block volume is counted too (its whole loop device).
+    assert!(
+        value(
+            &after_read,
+            "sparse_volume_written_bytes_total",
+            Some(("uuid", block_uuid.as_str()))
+        )
+        .is_some(),
+        "no I/O series for the attached block volume"
+    );
+
+    // status and list --wide say the same, for people and in JSON.
+    let status = fx.run_ok(&["status", "pg", "--json"]).json();
+    let json_written = status["io"]["written_bytes"].as_u64().unwrap();
+    assert!(json_written >= counter(&after_read, "sparse_volume_written_bytes_total"));
+    let human = fx.run_ok(&["status", "pg"]).stdout;
+    assert!(
+        human.contains("i/o:") && human.contains("wrote 6"),
+        "{human}"
+    );
+    let wide = fx.run_ok(&["list", "--wide"]).stdout;
+    assert!(wide.lines().next().unwrap().contains("I/O"), "{wide}");
+    let row = wide.lines().find(|l| l.contains(&uuid)).unwrap();
+    assert!(row.contains(" w 6"), "{row}");
+
+    // A new attach is a new loop device: the counters start again, and a
+    // volume that is not attached has no I/O series at all.
+    drop(mounted);
+    fx.run_ok(&["detach", "pg"]);
+    let detached = parse(&fx.run_ok(&["metrics"]).stdout);
+    assert_eq!(
+        value(&detached, "sparse_volume_written_bytes_total", label),
+        None
+    );
+    assert!(fx.run_ok(&["status", "pg", "--json"]).json()["io"].is_null());
+    let attached = fx.run_ok(&["attach", "pg", "--json"]).json();
+    let _detach_again = common::DetachOnDrop(attached["device"].as_str().unwrap().to_string());
+    let again = parse(&fx.run_ok(&["metrics"]).stdout);
+    let since_attach = counter(&again, "sparse_volume_written_bytes_total");
+    assert!(
+        since_attach < written,
+        "after a new attach the counter still holds {since_attach} bytes"
+    );
+    eprintln!(
+        "i/o counters: fio wrote {written} (counter +{grew}, {requests} requests), read {read} (counter +{grew_read}); {since_attach} bytes after the new attach"
+    );
+    fx.run_ok(&["detach", "pg"]);
+}
+
+/// A file-system error, made as the field gets them: a directory block
+/// damaged under the unmounted file system, then read.
+#[test]
+fn file_system_errors_show_in_metrics_and_check_and_fire_the_alert() {
+    needs_root!();
+    let fx = Fixture::new();
+    let made = fx.run_ok(&["create", "--size", "64M", "--name", "pg", "--now", "--json"]);
+    let uuid = made.json()["uuid"].as_str().unwrap().to_string();
+    let device = made.json()["device"].as_str().unwrap().to_string();
+    let _detach = common::DetachOnDrop(device.clone());
+    let label = Some(("uuid", uuid.as_str()));
+    let loop_name = device.trim_start_matches("/dev/").to_string();
+
+    let mounted = Mounted::new(&fx, &device, &["-o", "errors=continue"]).expect("mounting pg");
+    let directory = mounted.0.join("d");
+    fs::create_dir(&directory).unwrap();
+    for i in 0..64 {
+        fs::write(directory.join(format!("file-{i}")), b"x").unwrap();
+    }
+    // Healthy and mounted: the series are there, and say so.
+    let healthy = parse(&fx.run_ok(&["metrics"]).stdout);
+    assert_eq!(must(&healthy, "sparse_volume_fs_errors", label), 0);
+    assert_eq!(must(&healthy, "sparse_volume_fs_read_only", label), 0);
+    assert_eq!(
+        value(
+            &healthy,
+            "sparse_volume_fs_last_error_timestamp_seconds",
+            label
+        ),
+        None
+    );
+    assert!(fx.run_ok(&["check", "--json"]).json()["clean"] == true);
+    drop(mounted);
+
+    tool(
+        "debugfs",
+        &["-w", "-R", "zap_block -f /d -p 0x55 0", &device],
+    );
+    let mounted = Mounted::new(&fx, &device, &["-o", "errors=continue"]).expect("mounting pg");
+    let listed = fs::read_dir(mounted.0.join("d"))
+        .and_then(|entries| entries.collect::<Result<Vec<_>, _>>());
+    assert!(listed.is_err(), "the damaged directory read: {listed:?}");
+    // ext4 records the error in its superblock from a work queue.
+    let count = Path::new("/sys/fs/ext4")
+        .join(&loop_name)
+        .join("errors_count");
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while fs::read_to_string(&count).unwrap().trim() == "0" {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "ext4 recorded no error"
+        );
+        thread::sleep(Duration::from_millis(100));
+    }
+
+    let text = fx.run_ok(&["metrics"]).stdout;
+    assert_eq!(lint(&text), "", "promtool check metrics");
+    let samples = parse(&text);
+    let errors = must(&samples, "sparse_volume_fs_errors", label);
+    assert!(errors >= 1, "{text}");
+    let last = must(
+        &samples,
+        "sparse_volume_fs_last_error_timestamp_seconds",
+        label,
+    );
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    assert!(
+        last <= now && last + 600 > now,
+        "last error at {last}, now {now}"
+    );
+
+    let check = fx.run(&["check", "--json"]);
+    assert_eq!(check.code, 1, "{}", check.stdout);
+    let report = check.json();
+    let finding = report["findings"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|f| f["kind"] == "file-system-errors")
+        .unwrap_or_else(|| panic!("no file-system-errors finding: {report}"))
+        .clone();
+    assert_eq!(finding["severity"], "error");
+    assert_eq!(finding["uuid"], uuid.as_str());
+    let message = finding["message"].as_str().unwrap();
+    assert!(
+        message.contains(&format!("e2fsck -f {device}"))
+            && message.contains(mounted.0.to_str().unwrap()),
+        "{message}"
+    );
+    let status = fx.run_ok(&["status", "pg"]).stdout;
+    assert!(status.contains("errors recorded"), "{status}");
+
+    // The shipped alert fires on this very scrape.
+    let rules =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("packaging/prometheus/sparse-volume-alerts.yml");
+    let test = fx.host("/alert-test.yml");
+    fs::write(
+        &test,
+        format!(
+            r#"rule_files: ["{rules}"]
+evaluation_interval: 1m
+tests:
+  - interval: 1m
+    input_series:
+      - series: 'sparse_volume_fs_errors{{instance="n1",uuid="{uuid}",name="pg",mode="filesystem"}}'
+        values: '{errors}x10'
+    alert_rule_test:
+      - eval_time: 1m
+        alertname: SparseVolumeFilesystemErrors
+        exp_alerts:
+          - exp_labels: {{severity: critical, instance: n1, uuid: "{uuid}", name: pg, mode: filesystem}}
+            exp_annotations:
+              summary: "The file system of sparse volume {uuid} recorded errors"
+              description: "n1: the file system of volume {uuid} (pg) recorded {errors} error(s); `sparse-volume check` says where it is mounted and how to run e2fsck on it."
+"#,
+            rules = rules.display()
+        ),
+    )
+    .unwrap();
+    let promtool = Command::new("promtool")
+        .args(["test", "rules"])
+        .arg(&test)
+        .output()
+        .unwrap();
+    assert!(
+        promtool.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&promtool.stdout),
+        String::from_utf8_lossy(&promtool.stderr)
+    );
+
+    // Mounted read-only: the gauge says so.
+    drop(mounted);
+    let mounted = Mounted::new(&fx, &device, &["-o", "ro"]).expect("mounting pg read-only");
+    let samples = parse(&fx.run_ok(&["metrics"]).stdout);
+    assert_eq!(must(&samples, "sparse_volume_fs_read_only", label), 1);
+    eprintln!(
+        "file-system errors: {errors} recorded, the last at {last}; check and the alert saw them"
+    );
+    drop(mounted);
+    fx.run_ok(&["detach", "pg"]);
 }

@@ -7,27 +7,8 @@ mod common;
 
 use std::fs;
 use std::os::unix::fs::PermissionsExt;
-use std::path::PathBuf;
-use std::process::Command;
 
-use common::{DetachOnDrop, Fixture};
-
-struct Mounted(PathBuf);
-
-impl Mounted {
-    fn new(fx: &Fixture, device: &str) -> Self {
-        let point = fx.host("/mnt/pg");
-        fs::create_dir_all(&point).unwrap();
-        common::tool("mount", &[device, point.to_str().unwrap()]);
-        Self(point)
-    }
-}
-
-impl Drop for Mounted {
-    fn drop(&mut self) {
-        let _ = Command::new("umount").arg(&self.0).output();
-    }
-}
+use common::{DetachOnDrop, Fixture, Mounted};
 
 /// A mounted ext4 volume "pg" of 32 MiB, and what to undo afterwards.
 fn mounted_volume(fx: &Fixture) -> (String, DetachOnDrop, Mounted) {
@@ -35,7 +16,7 @@ fn mounted_volume(fx: &Fixture) -> (String, DetachOnDrop, Mounted) {
     let uuid = made.json()["uuid"].as_str().unwrap().to_string();
     let device = made.json()["device"].as_str().unwrap().to_string();
     let detach = DetachOnDrop(device.clone());
-    let mounted = Mounted::new(fx, &device);
+    let mounted = Mounted::new(fx, &device, &[]).expect("mounting the volume");
     (uuid, detach, mounted)
 }
 
@@ -89,7 +70,7 @@ fn a_grow_that_fails_after_the_file_grew_says_how_to_finish_it() {
     let uuid = made.json()["uuid"].as_str().unwrap().to_string();
     let device = made.json()["device"].as_str().unwrap().to_string();
     let _detach = DetachOnDrop(device.clone());
-    let _mounted = Mounted::new(&fx, &device);
+    let _mounted = Mounted::new(&fx, &device, &[]).expect("mounting the volume");
     let tools = fx.host("/refusing-tools");
     fs::create_dir_all(&tools).unwrap();
     let stand_in = tools.join("xfs_growfs");

@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{loops_of, new_uuid, sysfs_flag, tool, Fixture, Run};
+use common::{loops_of, new_uuid, sysfs_flag, tool, Fixture, Mounted, Run};
 use sparse_volume::kernel::loop_device::ioctl::LoopInfo64;
 use sparse_volume::kernel::loop_device::LoopDevice;
 
@@ -93,32 +93,6 @@ fn release_loops_of(path: &Path) {
     for device in String::from_utf8_lossy(&output.stdout).split_whitespace() {
         let _ = Command::new("umount").arg(device).output();
         let _ = Command::new("losetup").args(["-d", device]).output();
-    }
-}
-
-/// A mount made by the test, unmounted however the test ends.
-struct Mounted(PathBuf);
-
-impl Mounted {
-    /// Mounts `device` (as `fs_type`) or returns mount's complaint.
-    fn new(fx: &Fixture, device: &str, fs_type: &str) -> Result<Self, String> {
-        let point = fx.host(&format!("/mnt/{}", device.trim_start_matches("/dev/")));
-        fs::create_dir_all(&point).unwrap();
-        let output = Command::new("mount")
-            .args(["-t", fs_type, device])
-            .arg(&point)
-            .output()
-            .unwrap();
-        if !output.status.success() {
-            return Err(String::from_utf8_lossy(&output.stderr).into_owned());
-        }
-        Ok(Self(point))
-    }
-}
-
-impl Drop for Mounted {
-    fn drop(&mut self) {
-        let _ = Command::new("umount").arg(&self.0).output();
     }
 }
 
@@ -243,7 +217,7 @@ fn ext4_volume_on_a_4k_storage_root_mounts() {
     assert_sector_size_matches_record(&fx, &uuid, &device);
     assert_eq!(recorded_sector_size(&fx, &uuid), 4096);
     assert_direct_io(&device, true);
-    drop(Mounted::new(&fx, &device, "ext4").expect("mounting the ext4 volume"));
+    drop(Mounted::new(&fx, &device, &["-t", "ext4"]).expect("mounting the ext4 volume"));
     fx.run_ok(&["detach", &uuid]);
 }
 
@@ -256,19 +230,21 @@ fn xfs_volume_on_a_4k_storage_root_mounts() {
     assert_sector_size_matches_record(&fx, &uuid, &device);
     assert_eq!(recorded_sector_size(&fx, &uuid), 4096);
     assert_direct_io(&device, true);
-    drop(Mounted::new(&fx, &device, "xfs").expect("mounting the xfs volume"));
+    drop(Mounted::new(&fx, &device, &["-t", "xfs"]).expect("mounting the xfs volume"));
     // It comes back the same way after a detach.
     fx.run_ok(&["detach", &uuid]);
     let device = device_of(&fx.run_ok(&["attach", &uuid, "--json"]));
     assert_sector_size_matches_record(&fx, &uuid, &device);
-    let mounted = Mounted::new(&fx, &device, "xfs").expect("mounting the xfs volume again");
+    let mounted =
+        Mounted::new(&fx, &device, &["-t", "xfs"]).expect("mounting the xfs volume again");
     let before = nix::sys::statvfs::statvfs(&mounted.0).unwrap().blocks();
     drop(mounted);
     fx.run_ok(&["detach", &uuid]);
     // Growing it detached binds a temporary device: with its sectors too.
     fx.run_ok(&["resize", &uuid, "--size", "400M"]);
     let device = device_of(&fx.run_ok(&["attach", &uuid, "--json"]));
-    let mounted = Mounted::new(&fx, &device, "xfs").expect("mounting the grown xfs volume");
+    let mounted =
+        Mounted::new(&fx, &device, &["-t", "xfs"]).expect("mounting the grown xfs volume");
     let after = nix::sys::statvfs::statvfs(&mounted.0).unwrap().blocks();
     // 80 MiB more in 4 KiB blocks, give or take metadata.
     assert!(after > before + 19_000, "{before} -> {after} blocks");
@@ -314,7 +290,7 @@ fn volumes_with_512_byte_sectors_on_a_4k_root_work_buffered_and_say_so() {
     assert_eq!(recorded_sector_size(&fx, &xfs), 512);
     assert_sector_size_matches_record(&fx, &xfs, &device);
     assert_direct_io(&device, false);
-    drop(Mounted::new(&fx, &device, "xfs").expect("mounting the 512-byte xfs volume"));
+    drop(Mounted::new(&fx, &device, &["-t", "xfs"]).expect("mounting the 512-byte xfs volume"));
     fx.run_ok(&["detach", &xfs]);
     let attached = fx.run_ok(&["attach", &xfs]);
     assert!(
@@ -385,7 +361,7 @@ fn register_detects_the_sector_size_of_adopted_content() {
     assert_eq!(recorded(&fx, &xfs, "fs_type").as_deref(), Some("xfs"));
     let device = device_of(&fx.run_ok(&["attach", &xfs, "--json"]));
     assert_eq!(getss(&device), 4096);
-    drop(Mounted::new(&fx, &device, "xfs").expect("mounting the adopted xfs"));
+    drop(Mounted::new(&fx, &device, &["-t", "xfs"]).expect("mounting the adopted xfs"));
     fx.run_ok(&["detach", &xfs]);
 
     // A GPT written for 4096-byte LBAs, by sgdisk on a 4K loop device.
@@ -454,7 +430,7 @@ fn register_detects_the_sector_size_of_adopted_content() {
     assert_eq!(recorded_sector_size(&fx, &big_ext4), 4096);
     let device = device_of(&fx.run_ok(&["attach", &big_ext4, "--json"]));
     assert_eq!(getss(&device), 4096);
-    drop(Mounted::new(&fx, &device, "ext4").expect("mounting ext4 on 4096-byte sectors"));
+    drop(Mounted::new(&fx, &device, &["-t", "ext4"]).expect("mounting ext4 on 4096-byte sectors"));
     fx.run_ok(&["detach", &big_ext4]);
     let small = new_uuid();
     fx.make_gpt(&small);

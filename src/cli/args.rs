@@ -3,7 +3,7 @@
 use std::io::Read;
 use std::path::PathBuf;
 
-use clap::builder::PossibleValue;
+use clap::builder::{PossibleValue, TypedValueParser};
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
 use crate::commands::inspecting::pv::{ManifestFormat, PvRequest, Reclaim};
@@ -159,6 +159,10 @@ pub enum Command {
     },
     /// A Kubernetes local PersistentVolume for a registered volume.
     Pv(PvArgs),
+    /// The registered volumes' UUIDs and names, one per line, for the
+    /// shell completions.
+    #[command(name = "volume-names", hide = true)]
+    VolumeNames,
     /// Converge one volume to a desired state (for config management):
     /// create it, grow it, set its flags, start or stop it, or remove it,
     /// doing only what differs. Prints what changed, before and after.
@@ -220,7 +224,7 @@ pub struct ApplyArgs {
     pub preallocate: bool,
     /// Logical sector size when creating, 512 or 4096 (default: the
     /// storage device's); refused if it differs from an existing volume's.
-    #[arg(long, value_parser = parse_sector_size)]
+    #[arg(long, value_parser = sector_size_parser())]
     pub sector_size: Option<u32>,
     /// Extra option passed to mkfs when creating (repeatable); refused if
     /// it differs from the options an existing volume was made with.
@@ -321,7 +325,7 @@ pub struct RegisterArgs {
     pub name: Option<String>,
     /// Logical sector size (512 or 4096); detected from the content
     /// when omitted, refused when the content does not read with it.
-    #[arg(long, value_parser = parse_sector_size)]
+    #[arg(long, value_parser = sector_size_parser())]
     pub sector_size: Option<u32>,
     #[command(flatten)]
     pub dry: DryRun,
@@ -376,7 +380,7 @@ pub struct CreateArgs {
     pub preallocate: bool,
     /// Logical sector size, 512 or 4096 (default: the storage device's).
     /// Smaller than the storage device's sectors means no direct I/O.
-    #[arg(long, value_parser = parse_sector_size)]
+    #[arg(long, value_parser = sector_size_parser())]
     pub sector_size: Option<u32>,
     /// Extra option passed to mkfs (repeatable).
     #[arg(long = "mkfs-option", allow_hyphen_values = true)]
@@ -460,12 +464,47 @@ fn parse_name_arg(text: &str) -> Result<String, String> {
     check_name_as_reference(text).map(|()| text.to_string())
 }
 
+/// 512 or 4096, listed as possible values so that `--help` and the
+/// completions offer them; anything else is refused by
+/// [`parse_sector_size`]'s sentence.
+fn sector_size_parser() -> SectorSizeParser {
+    SectorSizeParser
+}
+
+#[derive(Clone, Copy)]
+struct SectorSizeParser;
+
+impl TypedValueParser for SectorSizeParser {
+    type Value = u32;
+
+    fn parse_ref(
+        &self,
+        cmd: &clap::Command,
+        arg: Option<&clap::Arg>,
+        value: &std::ffi::OsStr,
+    ) -> Result<u32, clap::Error> {
+        let parse: fn(&str) -> Result<u32, String> = parse_sector_size;
+        parse.parse_ref(cmd, arg, value)
+    }
+
+    fn possible_values(&self) -> Option<Box<dyn Iterator<Item = PossibleValue> + '_>> {
+        Some(Box::new(
+            SECTOR_SIZE_WORDS
+                .iter()
+                .map(|word| PossibleValue::new(*word)),
+        ))
+    }
+}
+
 fn parse_sector_size(text: &str) -> Result<u32, String> {
     text.parse()
         .ok()
         .filter(|size| SECTOR_SIZES.contains(size))
         .ok_or_else(|| format!("{text:?} is not a supported sector size (512 or 4096)"))
 }
+
+/// [`SECTOR_SIZES`] as words (a unit test keeps the two the same).
+const SECTOR_SIZE_WORDS: [&str; 2] = ["512", "4096"];
 
 impl Command {
     /// The existing volume a command is about, as the user named it.
@@ -486,7 +525,8 @@ impl Command {
             | Command::Register(_)
             | Command::Check { .. }
             | Command::List { .. }
-            | Command::Metrics { .. } => None,
+            | Command::Metrics { .. }
+            | Command::VolumeNames => None,
         }
     }
 
@@ -500,6 +540,7 @@ impl Command {
                 | Command::Check { repair: false, .. }
                 | Command::Metrics { .. }
                 | Command::Pv(_)
+                | Command::VolumeNames
         )
     }
 
@@ -529,6 +570,7 @@ impl Command {
             Command::Pv(_) if id.is_some() => format!("writing the PersistentVolume of{volume}"),
             Command::Pv(_) => "writing PersistentVolumes".into(),
             Command::Apply(_) => "applying".into(),
+            Command::VolumeNames => "listing volume names".into(),
         }
     }
 
@@ -550,7 +592,8 @@ impl Command {
             Command::List { .. }
             | Command::Status { .. }
             | Command::Metrics { .. }
-            | Command::Pv(_) => false,
+            | Command::Pv(_)
+            | Command::VolumeNames => false,
         }
     }
 
@@ -568,6 +611,26 @@ impl Command {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_sector_sizes_offered_are_the_supported_ones() {
+        let offered: Vec<u32> = SECTOR_SIZE_WORDS
+            .iter()
+            .map(|w| w.parse().unwrap())
+            .collect();
+        assert_eq!(offered, SECTOR_SIZES);
+        let refused = Cli::try_parse_from([
+            "sparse-volume",
+            "create",
+            "--size",
+            "1G",
+            "--sector-size",
+            "1024",
+        ]);
+        assert!(refused.is_err_and(|e| e
+            .to_string()
+            .contains("\"1024\" is not a supported sector size (512 or 4096)")));
+    }
 
     #[test]
     fn a_zero_size_is_a_usage_error() {

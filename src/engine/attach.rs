@@ -20,7 +20,7 @@ use crate::kernel::loop_device::{
 };
 use crate::kernel::signals;
 use crate::kernel::udev_link::{wait_for_link, LinkOutcome, CONTROL_SOCKET};
-use crate::registry::device_note;
+use crate::registry::{device_note, io_base};
 use crate::registry::{Registry, Volume};
 use crate::systemd::kernel_cmdline;
 use crate::volume::backing_file::open_backing_file;
@@ -318,6 +318,7 @@ pub fn attach(registry: &Registry, id: &VolumeId) -> Result<AttachReport> {
         }
     };
     device_note::record(&lock, number);
+    io_base::record(registry.root(), id, number);
 
     Ok(AttachReport {
         changed,

@@ -7,8 +7,10 @@
 //! ratio) minus the host's reserve. Callers hold the registry lock, so
 //! concurrent requests see each other's results.
 
+use std::collections::{BTreeMap, HashMap};
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use anyhow::{bail, Context, Result};
 use nix::sys::statvfs::statvfs;
@@ -40,15 +42,59 @@ impl Capacity {
     }
 }
 
-/// Bytes the volume may still take from its file system.
-pub fn growth_potential(volume: &Volume, host_path: &Path) -> u64 {
-    if volume.preallocated {
-        return 0;
+/// One look at each volume's backing file (its file system, its
+/// allocated bytes), shared by everything that weighs volumes against file
+/// systems: a listing of a thousand volumes looked at each file ten times.
+/// A snapshot: callers that change files look again.
+pub struct BackingFiles {
+    facts: HashMap<VolumeId, FileFacts>,
+}
+
+#[derive(Clone, Copy)]
+struct FileFacts {
+    /// `st_dev` of the file, or of its nearest existing ancestor.
+    device: Option<u64>,
+    /// `st_blocks * 512`; None when the file is missing.
+    allocated: Option<u64>,
+}
+
+impl BackingFiles {
+    pub fn look(root: &SystemRoot, volumes: &[Volume]) -> Self {
+        let facts = volumes
+            .iter()
+            .map(|volume| {
+                let host_path = root.host_path(&volume.path);
+                let facts = match std::fs::metadata(&host_path) {
+                    Ok(meta) => FileFacts {
+                        device: Some(meta.dev()),
+                        allocated: Some(meta.blocks() * 512),
+                    },
+                    Err(_) => FileFacts {
+                        device: device_of(&host_path).ok(),
+                        allocated: None,
+                    },
+                };
+                (volume.id, facts)
+            })
+            .collect();
+        Self { facts }
     }
-    match std::fs::metadata(host_path) {
-        Ok(meta) => volume.size.saturating_sub(meta.blocks() * 512),
-        // A missing file will be re-created at its full size.
-        Err(_) => volume.size,
+
+    /// The file system holding the volume's file (or where it would be).
+    pub fn device(&self, volume: &Volume) -> Option<u64> {
+        self.facts.get(&volume.id)?.device
+    }
+
+    /// Bytes the volume may still take from its file system.
+    fn growth_potential(&self, volume: &Volume) -> u64 {
+        if volume.preallocated {
+            return 0;
+        }
+        match self.facts.get(&volume.id).and_then(|f| f.allocated) {
+            Some(allocated) => volume.size.saturating_sub(allocated),
+            // A missing file will be re-created at its full size.
+            None => volume.size,
+        }
     }
 }
 
@@ -81,7 +127,8 @@ pub fn measure(
         .filter_map(|entry| entry.volume.ok())
         .filter(|volume| Some(&volume.id) != excluded)
         .collect();
-    let (committed, growing) = growth_on(registry.root(), device, &volumes);
+    let files = BackingFiles::look(registry.root(), &volumes);
+    let (committed, growing) = growth_on(&files, device, &volumes);
 
     // A broken config.toml must not silently mean "no reserve".
     let config = registry.provisioning_config()?;
@@ -113,15 +160,14 @@ fn free_and_total(directory: &Path) -> Result<(u64, u64)> {
 
 /// What the `volumes` on file system `device` may still grow into, and
 /// which of them may grow.
-fn growth_on(root: &SystemRoot, device: u64, volumes: &[Volume]) -> (u64, Vec<String>) {
+fn growth_on(files: &BackingFiles, device: u64, volumes: &[Volume]) -> (u64, Vec<String>) {
     let mut committed = 0u64;
     let mut growing = Vec::new();
     for volume in volumes {
-        let host_path: PathBuf = root.host_path(&volume.path);
-        if device_of(&host_path).ok() != Some(device) {
+        if files.device(volume) != Some(device) {
             continue;
         }
-        let growth = growth_potential(volume, &host_path);
+        let growth = files.growth_potential(volume);
         if growth > 0 {
             committed = committed.saturating_add(growth);
             growing.push(volume.id.to_string());
@@ -154,9 +200,16 @@ pub struct BackingFs {
 pub fn backing_file_systems(
     root: &SystemRoot,
     volumes: &[Volume],
-) -> std::collections::BTreeMap<u64, BackingFs> {
-    let mut found = std::collections::BTreeMap::new();
+    files: &BackingFiles,
+) -> BTreeMap<u64, Arc<BackingFs>> {
+    let mut found = BTreeMap::new();
     for volume in volumes {
+        let Some(device) = files.device(volume) else {
+            continue;
+        };
+        if found.contains_key(&device) {
+            continue;
+        }
         let host_path = root.host_path(&volume.path);
         let Some(directory) = host_path
             .ancestors()
@@ -166,26 +219,20 @@ pub fn backing_file_systems(
         else {
             continue;
         };
-        let Ok(device) = device_of(&directory) else {
-            continue;
-        };
-        if found.contains_key(&device) {
-            continue;
-        }
         let Ok((free, total)) = free_and_total(&directory) else {
             continue;
         };
-        let (committed_growth, growing) = growth_on(root, device, volumes);
+        let (committed_growth, growing) = growth_on(files, device, volumes);
         found.insert(
             device,
-            BackingFs {
+            Arc::new(BackingFs {
                 directory,
                 free,
                 total,
                 committed_growth,
                 volumes: growing,
                 short: committed_growth > free,
-            },
+            }),
         );
     }
     found
@@ -193,12 +240,11 @@ pub fn backing_file_systems(
 
 /// The entry of [`backing_file_systems`] that holds `volume`'s file.
 pub fn backing_fs_of<'a>(
-    root: &SystemRoot,
-    file_systems: &'a std::collections::BTreeMap<u64, BackingFs>,
+    files: &BackingFiles,
+    file_systems: &'a BTreeMap<u64, Arc<BackingFs>>,
     volume: &Volume,
-) -> Option<&'a BackingFs> {
-    let device = device_of(&root.host_path(&volume.path)).ok()?;
-    file_systems.get(&device)
+) -> Option<&'a Arc<BackingFs>> {
+    file_systems.get(&files.device(volume)?)
 }
 
 fn reserve_bytes(config: &Config, total: u64) -> u64 {
@@ -284,6 +330,7 @@ pub fn storage_root_usage(
     root: &SystemRoot,
     config: &Config,
     volumes: &[Volume],
+    files: &BackingFiles,
 ) -> Vec<StorageRootUsage> {
     let mut found: Vec<(u64, StorageRootUsage)> = Vec::new();
     for storage_root in &config.storage_roots {
@@ -298,10 +345,10 @@ pub fn storage_root_usage(
         let Ok((free, total)) = free_and_total(&host) else {
             continue;
         };
-        let (committed_growth, _) = growth_on(root, device, volumes);
+        let (committed_growth, _) = growth_on(files, device, volumes);
         let on_it = volumes
             .iter()
-            .filter(|v| device_of(&root.host_path(&v.path)).ok() == Some(device))
+            .filter(|v| files.device(v) == Some(device))
             .count();
         found.push((
             device,

@@ -4,17 +4,23 @@
 //! allow, and turns what it cannot see into `null`/`unknown` plus a
 //! problem line instead of failing the whole listing.
 
+use std::collections::BTreeMap;
 use std::fs;
 use std::os::unix::fs::MetadataExt;
 use std::path::PathBuf;
+use std::sync::Arc;
 
+use anyhow::Result;
 use serde::Serialize;
 
 use crate::engine::capacity::BackingFs;
-use crate::kernel::loop_device::{devices_of_file, LoopDevice};
+use crate::kernel::block_stat::IoCounters;
+use crate::kernel::fs_health::{FsHealth, MountTable};
+use crate::kernel::loop_device::{BoundLoops, LoopDevice};
+use crate::registry::io_base;
 use crate::registry::paths::SystemRoot;
 use crate::registry::Volume;
-use crate::systemd::{unit_name, Systemd, UnitState};
+use crate::systemd::{unit_name, Systemd, UnitActivity};
 use crate::volume::size::format_size;
 
 /// Shown for unit states when systemd cannot be asked.
@@ -54,6 +60,12 @@ pub struct VolumeInfo {
     pub link_state: &'static str,
     /// Where the link resolves to, null when it does not exist.
     pub link_target: Option<PathBuf>,
+    /// What went through the loop device since the attach (the whole
+    /// device in block mode); null when not attached.
+    pub io: Option<IoCounters>,
+    /// Filesystem mode: the mounted file system's health (its mount
+    /// points, read-only, ext4's error counters); null when not mounted.
+    pub fs_health: Option<FsHealth>,
     /// `sparse-volume@<UUID>.service`.
     pub unit: String,
     /// systemd's ActiveState, or `unknown` when systemd cannot be asked.
@@ -65,7 +77,9 @@ pub struct VolumeInfo {
     /// The file system under the backing file: its free bytes against
     /// what the volumes on it may still grow into (`short` when that is
     /// more than is free); null when it cannot be measured.
-    pub backing_fs: Option<BackingFs>,
+    /// Shared by every volume on that file system (a thousand volumes
+    /// would otherwise each copy the list of all that may grow).
+    pub backing_fs: Option<Arc<BackingFs>>,
     /// What could not be determined or looks wrong, one sentence each.
     pub problems: Vec<String>,
     /// The problem that says the backing file could not be read without
@@ -76,7 +90,12 @@ pub struct VolumeInfo {
 
 /// What systemd said about a volume's unit.
 pub enum UnitLookup {
-    Known(UnitState),
+    Known {
+        active_state: String,
+        sub_state: String,
+        /// The service's `Result`.
+        result: String,
+    },
     /// systemd was not asked (it cannot be reached): `unknown`, no problem
     /// line per volume (the listing says why once).
     NotAsked,
@@ -90,15 +109,64 @@ impl UnitLookup {
     /// answer once would make every further volume wait as long.
     pub fn ask(systemd: Option<&Systemd>, volume: &Volume) -> Self {
         match systemd.map(|s| s.unit_state(&unit_name(&volume.id))) {
-            Some(Ok(state)) => UnitLookup::Known(state),
+            Some(Ok(state)) => UnitLookup::Known {
+                active_state: state.active_state,
+                sub_state: state.sub_state,
+                result: state.result,
+            },
             Some(Err(e)) => UnitLookup::Failed(format!("{e:#}")),
             None => UnitLookup::NotAsked,
+        }
+    }
+
+    /// The volume's unit as one listing of every volume unit has it
+    /// ([`Systemd::loaded_units_matching`]), so that a thousand volumes
+    /// cost one call instead of ten each. A listing has no `Result`:
+    /// systemd keeps it `success` unless the unit is failed (a start and a
+    /// reset-failed both clear it), so only a failed unit is asked. A unit
+    /// systemd has not loaded is, to systemd, inactive and dead.
+    pub fn from_listing(
+        systemd: &Systemd,
+        listed: &BTreeMap<String, UnitActivity>,
+        volume: &Volume,
+    ) -> Self {
+        let known = |active_state: &str, sub_state: &str| UnitLookup::Known {
+            active_state: active_state.to_string(),
+            sub_state: sub_state.to_string(),
+            result: "success".to_string(),
+        };
+        match listed.get(&unit_name(&volume.id)) {
+            Some(unit) if unit.active_state == "failed" => Self::ask(Some(systemd), volume),
+            Some(unit) => known(&unit.active_state, &unit.sub_state),
+            None => known("inactive", "dead"),
+        }
+    }
+}
+
+/// What the kernel says of every volume, read once for all the volumes a
+/// command inspects: the bound loop devices (or why they could not be
+/// read) and the mount table.
+pub struct KernelView {
+    loops: Result<BoundLoops>,
+    mounts: MountTable,
+}
+
+impl KernelView {
+    pub fn read() -> Self {
+        Self {
+            loops: BoundLoops::read(),
+            mounts: MountTable::read(),
         }
     }
 }
 
 /// Gathers everything about `volume`, with systemd's answer about its unit.
-pub fn inspect(root: &SystemRoot, volume: &Volume, unit_lookup: UnitLookup) -> VolumeInfo {
+pub fn inspect(
+    root: &SystemRoot,
+    volume: &Volume,
+    kernel: &KernelView,
+    unit_lookup: UnitLookup,
+) -> VolumeInfo {
     let mut problems = Vec::new();
     let mut needs_root = None;
     let host_path = root.host_path(&volume.path);
@@ -122,8 +190,8 @@ pub fn inspect(root: &SystemRoot, volume: &Volume, unit_lookup: UnitLookup) -> V
         }
     };
 
-    let devices = match devices_of_file(&host_path) {
-        Ok(devices) => devices,
+    let devices = match &kernel.loops {
+        Ok(loops) => loops.devices_of_file(&host_path),
         Err(e) => {
             problems.push(format!("cannot read the loop devices: {e:#}"));
             Vec::new()
@@ -142,6 +210,14 @@ pub fn inspect(root: &SystemRoot, volume: &Volume, unit_lookup: UnitLookup) -> V
     }
     let device = devices.first().map(|n| LoopDevice::path_of(*n));
     let device_read_only = devices.first().and_then(|n| LoopDevice::is_read_only(*n));
+    let io = devices
+        .first()
+        .and_then(|n| io_base::since_attach(root, &volume.id, *n));
+    // A block volume's file system, if any, is its consumer's business.
+    let fs_health = devices
+        .first()
+        .filter(|_| !volume.mode.is_block())
+        .and_then(|n| FsHealth::of_mounted(&format!("loop{n}"), &kernel.mounts));
     let partition = device
         .as_ref()
         .filter(|_| volume.mode.is_block())
@@ -159,7 +235,11 @@ pub fn inspect(root: &SystemRoot, volume: &Volume, unit_lookup: UnitLookup) -> V
 
     let unit = unit_name(&volume.id);
     let (active_state, sub_state, unit_result) = match unit_lookup {
-        UnitLookup::Known(state) => (state.active_state, state.sub_state, Some(state.result)),
+        UnitLookup::Known {
+            active_state,
+            sub_state,
+            result,
+        } => (active_state, sub_state, Some(result)),
         UnitLookup::Failed(error) => {
             problems.push(error);
             (UNKNOWN.to_string(), UNKNOWN.to_string(), None)
@@ -184,6 +264,8 @@ pub fn inspect(root: &SystemRoot, volume: &Volume, unit_lookup: UnitLookup) -> V
         link,
         link_state,
         link_target,
+        io,
+        fs_health,
         unit,
         active_state,
         sub_state,
@@ -197,7 +279,7 @@ pub fn inspect(root: &SystemRoot, volume: &Volume, unit_lookup: UnitLookup) -> V
 impl VolumeInfo {
     /// Adds what is known about the backing file system (see
     /// [`crate::engine::capacity::backing_file_systems`]); a short one is a problem.
-    pub fn with_backing_fs(mut self, backing_fs: Option<&BackingFs>) -> Self {
+    pub fn with_backing_fs(mut self, backing_fs: Option<&Arc<BackingFs>>) -> Self {
         if let Some(fs) = backing_fs.filter(|fs| fs.short) {
             self.problems.push(format!(
                 "the file system of {} has {} free, but its volumes may still grow by {}: writes inside them fail once it is full",
@@ -282,6 +364,22 @@ impl VolumeInfo {
                 None => format!("{} (missing)", self.link.display()),
             },
         );
+        if let Some(io) = &self.io {
+            row(
+                "i/o:",
+                format!(
+                    "read {} in {} requests, wrote {} in {}, discarded {} (since the attach)",
+                    format_size(io.read_bytes),
+                    io.reads,
+                    format_size(io.written_bytes),
+                    io.writes,
+                    format_size(io.discarded_bytes)
+                ),
+            );
+        }
+        if let Some(health) = &self.fs_health {
+            row("mounted:", describe_fs_health(health));
+        }
         let mut unit = format!("{}: {}", self.unit, self.unit_state());
         if let Some(result) = self.unit_result.as_deref().filter(|r| *r != "success") {
             unit.push_str(&format!(", result {result}"));
@@ -311,6 +409,56 @@ impl VolumeInfo {
     }
 }
 
+/// `on /srv/pg, read-only, 2 errors recorded (the last at 2026-12-05
+/// 12:35:20 UTC)`.
+fn describe_fs_health(health: &FsHealth) -> String {
+    let points: Vec<String> = health
+        .mount_points
+        .iter()
+        .map(|p| p.display().to_string())
+        .collect();
+    let mut text = format!("on {}", points.join(", "));
+    if health.read_only {
+        text.push_str(", read-only");
+    }
+    match (health.errors, health.last_error_time) {
+        (Some(0), _) => text.push_str(", no errors recorded"),
+        (Some(n), Some(last)) => text.push_str(&format!(
+            ", {n} errors recorded (the last at {})",
+            utc(last)
+        )),
+        (Some(n), None) => text.push_str(&format!(", {n} errors recorded")),
+        (None, _) => {}
+    }
+    text
+}
+
+/// Unix time as `2026-12-05 12:35:20 UTC` (days to a civil date counted
+/// from 0000-03-01, so that a leap day ends its year).
+pub fn utc(seconds: u64) -> String {
+    let (days, rest) = (seconds / 86_400, seconds % 86_400);
+    let from_march_0000 = days + 719_468;
+    let era = from_march_0000 / 146_097;
+    let day_of_era = from_march_0000 % 146_097;
+    let year_of_era =
+        (day_of_era - day_of_era / 1460 + day_of_era / 36_524 - day_of_era / 146_096) / 365;
+    let day_of_year = day_of_era - (365 * year_of_era + year_of_era / 4 - year_of_era / 100);
+    let month_from_march = (5 * day_of_year + 2) / 153;
+    let day = day_of_year - (153 * month_from_march + 2) / 5 + 1;
+    let month = if month_from_march < 10 {
+        month_from_march + 3
+    } else {
+        month_from_march - 9
+    };
+    let year = era * 400 + year_of_era + u64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02} {:02}:{:02}:{:02} UTC",
+        rest / 3600,
+        rest % 3600 / 60,
+        rest % 60
+    )
+}
+
 pub fn yes_no(value: bool) -> String {
     if value { "yes" } else { "no" }.to_string()
 }
@@ -323,5 +471,19 @@ pub fn connect_for_reading(needed: bool) -> (Option<Systemd>, Option<String>) {
     match Systemd::connect() {
         Ok(systemd) => (Some(systemd), None),
         Err(e) => (None, Some(format!("{e:#}"))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unix_time_reads_as_a_utc_date() {
+        assert_eq!(utc(0), "1970-01-01 00:00:00 UTC");
+        assert_eq!(utc(951_782_400), "2000-02-29 00:00:00 UTC");
+        assert_eq!(utc(951_868_799), "2000-02-29 23:59:59 UTC");
+        assert_eq!(utc(1_796_474_120), "2026-12-05 12:35:20 UTC");
+        assert_eq!(utc(4_107_542_400), "2100-03-01 00:00:00 UTC");
     }
 }

@@ -79,7 +79,7 @@ pub fn users_of_loop(number: u32) -> Vec<String> {
 }
 
 /// mountinfo escapes space, tab, newline and backslash as `\ooo`.
-fn unescape_mount_path(text: &str) -> String {
+pub(crate) fn unescape_mount_path(text: &str) -> String {
     let bytes = text.as_bytes();
     let mut out = Vec::with_capacity(bytes.len());
     let mut i = 0;

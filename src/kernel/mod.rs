@@ -1,15 +1,18 @@
 //! Kernel-facing code with no policy of ours: loop devices, block-device
-//! ioctls, extents, who holds a device, udev's links, signals, a private
-//! mount namespace, child processes that die with us, atomic files and
-//! locks. The one place where `unsafe` is allowed; each block says why it
-//! is sound. What a volume is, and what to do with one, lives above.
+//! ioctls and I/O counters, file-system health, extents, who holds a
+//! device, udev's links, signals, a private mount namespace, child
+//! processes that die with us, atomic files and locks. The one place where
+//! `unsafe` is allowed; each block says why it is sound. What a volume is,
+//! and what to do with one, lives above.
 #![allow(unsafe_code)]
 
 pub mod block_device;
+pub mod block_stat;
 pub mod capabilities;
 pub mod child_process;
 pub mod extents;
 pub mod files;
+pub mod fs_health;
 pub mod holders;
 pub mod loop_device;
 pub mod private_mount;

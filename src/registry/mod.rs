@@ -6,6 +6,7 @@
 mod config;
 pub mod device_note;
 mod error;
+pub mod io_base;
 mod lenient;
 mod lookup;
 pub mod paths;

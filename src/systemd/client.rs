@@ -6,6 +6,7 @@
 //! and lets every call race a timer, so nothing here waits unbounded.
 
 use std::cell::Cell;
+use std::collections::BTreeMap;
 use std::fmt;
 use std::future::Future;
 use std::time::Duration;
@@ -19,7 +20,7 @@ use zbus::Connection;
 
 use super::job_wait;
 use super::proxy::{ManagerProxy, ServiceProxy, UnitProxy, SERVICE};
-use super::unit::UnitState;
+use super::unit::{UnitActivity, UnitState};
 
 /// Connecting and authenticating to a local bus takes milliseconds; a bus
 /// that does not answer within this is as good as absent.
@@ -107,6 +108,30 @@ impl Systemd {
             Err(error) if error.is_named(NO_SUCH_UNIT) => Ok(()),
             other => other.with_context(|| format!("resetting the failed state of {unit}")),
         }
+    }
+
+    /// `ActiveState` and `SubState` of every loaded unit whose name
+    /// matches `pattern` (a shell glob), in one call, as `systemctl
+    /// list-units --all PATTERN`. A unit systemd has not loaded is not in
+    /// the answer (to systemd it is inactive and dead).
+    pub fn loaded_units_matching(&self, pattern: &str) -> Result<BTreeMap<String, UnitActivity>> {
+        let listed = block_on(call(
+            CALL_TIMEOUT,
+            self.manager.list_units_by_patterns(&[], &[pattern]),
+        ))
+        .with_context(|| format!("listing the units {pattern}"))?;
+        Ok(listed
+            .into_iter()
+            .map(|(name, _, _, active_state, sub_state, ..)| {
+                (
+                    name,
+                    UnitActivity {
+                        active_state,
+                        sub_state,
+                    },
+                )
+            })
+            .collect())
     }
 
     /// The unit's `ActiveState`, `SubState`, `Result`, `WantedBy` and

@@ -14,7 +14,7 @@ pub mod kernel_cmdline;
 pub mod unit;
 
 pub use journal::{last_error_of_run, last_journal_lines};
-pub use unit::{unit_name, UnitState, JOB_DONE};
+pub use unit::{all_volume_units, unit_name, UnitActivity, UnitState, JOB_DONE};
 
 #[cfg(feature = "dbus")]
 mod client;

@@ -6,6 +6,20 @@ use zbus::zvariant::{ObjectPath, OwnedObjectPath};
 
 pub const SERVICE: &str = "org.freedesktop.systemd1";
 
+/// One row of `ListUnitsByPatterns` (`a(ssssssouso)`).
+pub type ListedUnit = (
+    String,
+    String,
+    String,
+    String,
+    String,
+    String,
+    OwnedObjectPath,
+    u32,
+    String,
+    OwnedObjectPath,
+);
+
 #[proxy(
     interface = "org.freedesktop.systemd1.Manager",
     default_service = "org.freedesktop.systemd1",
@@ -32,6 +46,16 @@ pub trait Manager {
 
     /// Loads the unit if needed (as `systemctl status` does).
     fn load_unit(&self, name: &str) -> zbus::Result<OwnedObjectPath>;
+
+    /// Loaded units whose names match one of `patterns` (shell globs), in
+    /// any state when `states` is empty: name, description, load state,
+    /// active state, sub state, followed unit, object path, job id, job
+    /// type, job path.
+    fn list_units_by_patterns(
+        &self,
+        states: &[&str],
+        patterns: &[&str],
+    ) -> zbus::Result<Vec<ListedUnit>>;
 
     /// `JobRemoved(u id, o job, s unit, s result)`.
     #[zbus(signal)]

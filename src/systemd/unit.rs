@@ -30,6 +30,18 @@ pub fn unit_name(id: &VolumeId) -> String {
     }
 }
 
+/// Every volume's unit, as a shell glob for systemd's unit listings.
+pub fn all_volume_units() -> String {
+    UNIT_TEMPLATE.replacen('@', "@*", 1)
+}
+
+/// A loaded unit's states as one listing of systemd gives them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UnitActivity {
+    pub active_state: String,
+    pub sub_state: String,
+}
+
 /// A unit's state as systemd reports it (`org.freedesktop.systemd1.Unit`
 /// and `.Service` properties).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -108,6 +120,11 @@ mod tests {
             unit_name(&id),
             "sparse-volume@6f1c2a8e-3b4d-4e5f-8a9b-0c1d2e3f4a5b.service"
         );
+    }
+
+    #[test]
+    fn the_glob_matches_every_instance_and_nothing_else() {
+        assert_eq!(all_volume_units(), "sparse-volume@*.service");
     }
 
     #[test]

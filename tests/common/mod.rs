@@ -601,3 +601,32 @@ impl Drop for DetachOnDrop {
         let _ = Command::new("losetup").args(["-d", &self.0]).status();
     }
 }
+
+/// A mount made by a test under the fixture's `/mnt`, unmounted however
+/// the test ends.
+pub struct Mounted(pub PathBuf);
+
+impl Mounted {
+    /// Mounts `device` with mount(8)'s `options` (`-t xfs`, `-o ...`), or
+    /// returns mount's complaint.
+    pub fn new(fx: &Fixture, device: &str, options: &[&str]) -> Result<Self, String> {
+        let point = fx.host(&format!("/mnt/{}", device.trim_start_matches("/dev/")));
+        fs::create_dir_all(&point).unwrap();
+        let output = Command::new("mount")
+            .args(options)
+            .arg(device)
+            .arg(&point)
+            .output()
+            .unwrap();
+        if !output.status.success() {
+            return Err(String::from_utf8_lossy(&output.stderr).into_owned());
+        }
+        Ok(Self(point))
+    }
+}
+
+impl Drop for Mounted {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(&self.0).output();
+    }
+}

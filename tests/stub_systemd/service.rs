@@ -128,6 +128,35 @@ fn unit_path(name: &str) -> OwnedObjectPath {
     OwnedObjectPath::try_from(path).expect("a valid object path")
 }
 
+/// A row of `ListUnitsByPatterns`.
+type ListedUnit = (
+    String,
+    String,
+    String,
+    String,
+    String,
+    String,
+    OwnedObjectPath,
+    u32,
+    String,
+    OwnedObjectPath,
+);
+
+/// fnmatch(3) for patterns whose only special character is `*`.
+fn glob_matches(pattern: &str, name: &str) -> bool {
+    match pattern.split_once('*') {
+        None => pattern == name,
+        Some((head, rest)) => {
+            let Some(name) = name.strip_prefix(head) else {
+                return false;
+            };
+            (0..=name.len())
+                .filter(|&i| name.is_char_boundary(i))
+                .any(|i| glob_matches(rest, &name[i..]))
+        }
+    }
+}
+
 struct Manager {
     state: Shared,
 }
@@ -340,6 +369,49 @@ impl Manager {
     ) -> zbus::fdo::Result<OwnedObjectPath> {
         self.record(format!("LoadUnit {name}"));
         Ok(self.load(server, &name).await?)
+    }
+
+    /// Loaded units matching a pattern, in a state of `states` (any when
+    /// empty), as systemd lists them.
+    fn list_units_by_patterns(
+        &self,
+        states: Vec<String>,
+        patterns: Vec<String>,
+    ) -> Vec<ListedUnit> {
+        self.record(format!(
+            "ListUnitsByPatterns [{}] [{}]",
+            states.join(" "),
+            patterns.join(" ")
+        ));
+        let no_job = OwnedObjectPath::try_from("/").expect("a valid object path");
+        let state = self.state.lock().unwrap();
+        let mut listed: Vec<ListedUnit> = state
+            .units
+            .iter()
+            .filter(|(name, _)| patterns.iter().any(|p| glob_matches(p, name)))
+            .filter(|(_, unit)| {
+                states.is_empty()
+                    || states
+                        .iter()
+                        .any(|s| *s == unit.active_state || *s == unit.sub_state)
+            })
+            .map(|(name, unit)| {
+                (
+                    name.clone(),
+                    String::new(),
+                    "loaded".into(),
+                    unit.active_state.clone(),
+                    unit.sub_state.clone(),
+                    String::new(),
+                    unit_path(name),
+                    0,
+                    String::new(),
+                    no_job.clone(),
+                )
+            })
+            .collect();
+        listed.sort_by(|a, b| a.0.cmp(&b.0));
+        listed
     }
 
     #[zbus(signal)]

@@ -432,6 +432,10 @@ scale_setup() {
         fi
     done
     log "$count volumes created (not attached) in $((SECONDS - start)) s"
+    # The metrics timer runs at these boots, into node_exporter's directory
+    # (made here as its package would).
+    mkdir -p /var/lib/prometheus/node-exporter
+    systemctl enable sparse-volume-metrics.timer 2>/dev/null
     # A root service that starts beside the volumes and asks for an inotify
     # instance every 50 ms until the last attach has ended; it also counts
     # the instances our processes hold.
@@ -567,8 +571,41 @@ sys.exit(0 if p["refused"] == 0 and p["tries"] > 0 and p["max_attaching"] > 32 a
     boot=$(systemd-analyze 2>/dev/null | head -n 1 || true)
     log "$what: $registered registered, $attached enabled attached once with their links; sparse-volumes.target active at $((target_us / 1000)) ms; udev CPU $((udev_ns / 1000000)) ms; inotify probe: $probe; $boot"
     echo "SCALE what=$what volumes=$attached udev_cpu_ms=$((udev_ns / 1000000)) target_ms=$((target_us / 1000)) probe=$probe" >>/root/endurance-results
+    metrics_at_boot "$what"
     # Measured on the next boot again, from its start.
     rm -f /root/inotify-probe.json
+}
+
+# The metrics timer wrote its textfile at this boot, with I/O series for
+# every attached volume (all the enabled ones, as verify_scale found).
+metrics_at_boot() {
+    local what=$1 file=/var/lib/prometheus/node-exporter/sparse_volume.prom booted i with_io
+    booted=$(($(date +%s) - $(cut -d. -f1 /proc/uptime)))
+    for ((i = 0; i < 180; i++)); do
+        [[ -e $file && $(stat -c %Y "$file") -ge $booted ]] && break
+        sleep 1
+    done
+    [[ -e $file && $(stat -c %Y "$file") -ge $booted ]] ||
+        fail "$what: the metrics timer wrote no textfile within 3 minutes of this boot: $(systemctl status sparse-volume-metrics.service --no-pager 2>&1 | tail -n 5)"
+    with_io=$(python3 - "$file" "$VOLUMES_D" <<'EOF'
+import glob, re, sys, tomllib
+
+text = open(sys.argv[1]).read()
+with_io = set(re.findall(r'^sparse_volume_written_bytes_total\{uuid="([^"]+)"', text, re.M))
+enabled = []
+for path in glob.glob(sys.argv[2] + "/*.toml"):
+    with open(path, "rb") as f:
+        volume = tomllib.load(f)
+    if volume.get("enabled", True):
+        enabled.append(volume["uuid"])
+missing = [uuid for uuid in enabled if uuid not in with_io]
+if missing:
+    sys.exit(f"{len(missing)} of {len(enabled)} attached volumes have no I/O series in the textfile, e.g. {missing[:3]}")
+print(len(with_io))
+EOF
+    ) || fail "$what: the metrics textfile at boot: see above"
+    log "$what: the metrics timer's textfile of this boot has I/O series for all $with_io attached volumes"
+    echo "METRICS what=$what volumes_with_io=$with_io" >>/root/endurance-results
 }
 
 share_partition_names() {

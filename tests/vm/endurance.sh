@@ -29,7 +29,9 @@
 # 3. SV_VM_SCALE_VOLUMES more volumes (200 by default, half ext4, half
 #    block) attached at one boot, with a root service asking for inotify
 #    instances all along: it is never refused, and our attaches hold at
-#    most 32 between them. udev's CPU time at that boot is reported.
+#    most 32 between them. udev's CPU time at that boot is reported, and
+#    the metrics timer's textfile of that boot has I/O series for every
+#    attached volume.
 #    SV_VM_UDEV_COMPARE=1 adds a boot with the block volumes' partitions
 #    all named "sparse-volume" (as made before 0.3) and reports udev's CPU
 #    time again.
@@ -140,5 +142,5 @@ repaired=$({ grep -o 'repaired=[^ ]*' <<<"$results" || true; } | cut -d= -f2 | t
     awk '{ printf "%s%s x%d", sep, $2, $1; sep = ", " }')
 during=$(printf '%s\n' "${cut_in[@]}" | sort | uniq -c | awk '{ printf "%s%s x%d", sep, $2, $1; sep = ", " }')
 echo "endurance: $cuts_passed power cuts, each followed by one check --repair and a clean check; cuts came during: ${during:-none}; $records acknowledged records read back; repairs after the cuts: ${repaired:-none}"
-grep '^SCALE ' <<<"$results" | sed 's/^SCALE /endurance: /'
+grep -E '^(SCALE|METRICS) ' <<<"$results" | sed -E 's/^(SCALE|METRICS) /endurance: /'
 vm_log "endurance run passed on $SV_VM_SUITE in $(vm__since "$total") (accelerator: $SV_VM_ACCEL_USED)"

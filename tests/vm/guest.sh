@@ -1239,6 +1239,13 @@ metrics() {
         fail "the textfile does not show $EXT4 attached: $(grep "$EXT4" "$TEXTFILE" || true)"
     [[ $(metric "sparse_volume_unit_active{uuid=\"$EXT4\",name=\"consumer\",mode=\"filesystem\"}") == 1 ]] ||
         fail "the textfile does not show the unit of $EXT4 active (systemd answers under the timer): $(grep "unit_active.*$EXT4\|systemd_up" "$TEXTFILE" || true)"
+    local labels="{uuid=\"$EXT4\",name=\"consumer\",mode=\"filesystem\"}"
+    [[ -n $(metric "sparse_volume_written_bytes_total$labels") ]] ||
+        fail "the textfile has no I/O series for the attached $EXT4: $(grep "$EXT4" "$TEXTFILE" || true)"
+    if findmnt --source "UUID=$EXT4" >/dev/null; then
+        [[ $(metric "sparse_volume_fs_errors$labels") == 0 && $(metric "sparse_volume_fs_read_only$labels") == 0 ]] ||
+            fail "the mounted $EXT4 has no healthy file-system series: $(grep "fs_.*$EXT4" "$TEXTFILE" || true)"
+    fi
     headroom=$(metric "sparse_volume_backing_fs_headroom_bytes{$root}")
     [[ -n $headroom ]] || fail "no headroom for /srv/volumes in $TEXTFILE: $(grep headroom "$TEXTFILE" || true)"
     local other

@@ -12,10 +12,10 @@ use std::process::ExitCode;
 
 use anyhow::{Context, Result};
 use clap::CommandFactory;
-use clap_complete::Shell;
 use clap_mangen::Man;
 
 mod command_docs;
+mod completions;
 mod markdown_man;
 use sparse_volume::cli::args::Cli;
 
@@ -124,7 +124,7 @@ fn main() -> ExitCode {
 
 fn write_all(out: &Path, date: &str) -> Result<()> {
     write_man_pages(&out.join("man"), date)?;
-    write_completions(&out.join("completions"))?;
+    completions::write_completions(&out.join("completions"))?;
     Ok(())
 }
 
@@ -206,32 +206,6 @@ fn write_page(
     let path = dir.join(man.get_filename());
     fs::write(&path, page).with_context(|| format!("writing {}", path.display()))?;
     Ok(path)
-}
-
-fn write_completions(dir: &Path) -> Result<()> {
-    fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-    let mut cmd = Cli::command();
-    for shell in [Shell::Bash, Shell::Zsh, Shell::Fish] {
-        let path = clap_complete::generate_to(shell, &mut cmd, BIN, dir)
-            .with_context(|| format!("writing the {shell} completion to {}", dir.display()))?;
-        if shell == Shell::Bash {
-            mend_bash_function_names(&path)?;
-        }
-    }
-    Ok(())
-}
-
-/// clap_complete (4.6) names the bash script's per-subcommand branches
-/// after the program with its hyphen turned into `__subcmd__`
-/// (`sparse__subcmd__volume__subcmd__create`), while the words typed are
-/// matched to names with the hyphen turned into `__`
-/// (`sparse__volume__subcmd__create`): the two never meet, and nothing
-/// completes after the subcommand. The branches get the matched names.
-fn mend_bash_function_names(script: &Path) -> Result<()> {
-    let text =
-        fs::read_to_string(script).with_context(|| format!("reading {}", script.display()))?;
-    let mended = text.replace(&BIN.replace('-', "__subcmd__"), &BIN.replace('-', "__"));
-    fs::write(script, mended).with_context(|| format!("writing {}", script.display()))
 }
 
 #[cfg(test)]
@@ -320,7 +294,10 @@ mod tests {
             main.contains("\n.TH SPARSE-VOLUME 8 2026-01-02 \"sparse-volume "),
             "{main}"
         );
-        for sub in Cli::command().get_subcommands() {
+        for sub in Cli::command()
+            .get_subcommands()
+            .filter(|s| !s.is_hide_set())
+        {
             let page = out
                 .path()
                 .join(format!("man/sparse-volume-{}.8", sub.get_name()));
@@ -363,64 +340,6 @@ mod tests {
                     "sparse-volume-{name}(8) has not one {heading:?}:\n{page}"
                 );
             }
-        }
-    }
-
-    /// What bash offers for the words typed so far (the last one being
-    /// completed), through the generated script as bash-completion runs it.
-    fn bash_completes(script: &Path, words: &[&str]) -> Vec<String> {
-        let line = words.join(" ");
-        let quoted: Vec<_> = words.iter().map(|word| format!("'{word}'")).collect();
-        let program = format!(
-            "source {script:?}; COMP_WORDS=({quoted}); COMP_CWORD={cword}; \
-             COMP_LINE='{line}'; COMP_POINT=${{#COMP_LINE}}; \
-             _sparse__volume sparse-volume '{cur}' '{prev}'; printf '%s\\n' \"${{COMPREPLY[@]}}\"",
-            quoted = quoted.join(" "),
-            cword = words.len() - 1,
-            cur = words[words.len() - 1],
-            prev = words[words.len() - 2],
-        );
-        let output = std::process::Command::new("bash")
-            .args(["-c", &program])
-            .output()
-            .expect("bash runs");
-        assert!(output.status.success(), "{output:?}");
-        String::from_utf8_lossy(&output.stdout)
-            .lines()
-            .map(str::to_owned)
-            .collect()
-    }
-
-    /// Completion goes on after the subcommand (issue 25, item 1: the
-    /// generated functions and the names they were matched by never met,
-    /// because of the hyphen in the program's name).
-    #[test]
-    fn bash_completes_the_options_and_values_of_subcommands() {
-        let out = tempfile::tempdir().unwrap();
-        write_completions(out.path()).unwrap();
-        let script = out.path().join("sparse-volume.bash");
-        for (words, expected) in [
-            (&["sparse-volume", "cr"][..], &["create"][..]),
-            (
-                &["sparse-volume", "create", "--s"],
-                &["--size", "--sector-size"],
-            ),
-            (&["sparse-volume", "create", "--fs", ""], &["ext4", "xfs"]),
-            (
-                &["sparse-volume", "create", "--mode", ""],
-                &["filesystem", "block"],
-            ),
-            (
-                &["sparse-volume", "remove", "--d"],
-                &["--dry-run", "--delete-data"],
-            ),
-            (&["sparse-volume", "list", "--w"], &["--wide"]),
-        ] {
-            let mut offered = bash_completes(&script, words);
-            offered.sort();
-            let mut expected: Vec<_> = expected.iter().map(|word| word.to_string()).collect();
-            expected.sort();
-            assert_eq!(offered, expected, "completing {words:?}");
         }
     }
 }

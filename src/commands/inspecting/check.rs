@@ -15,7 +15,9 @@ use crate::engine::activate::bring_up_now;
 use crate::engine::attach::{unfit_message, unfit_reasons};
 use crate::engine::capacity::{self, BackingFs};
 use crate::engine::detach::{detach_device_or_leave_it, recovery_hint};
+use crate::engine::inspect::utc;
 use crate::hooks::{self, Stop};
+use crate::kernel::fs_health::{FsHealth, MountTable};
 use crate::kernel::holders::users_of_loop;
 use crate::kernel::loop_device::{self, LoopDevice};
 use crate::registry::paths::SystemRoot;
@@ -567,6 +569,9 @@ fn audit_volume(audit: &mut Audit, volume: &Volume) -> Result<()> {
     }
     for fitting in weighed.iter().filter(|c| c.fits()) {
         read_only_pending(audit, volume, fitting.number, &path);
+        if !volume.mode.is_block() {
+            file_system_errors(audit, volume, fitting.number, &path);
+        }
     }
     if let Some((keep, extra)) = duplicates(&weighed) {
         let root = audit.root.clone();
@@ -634,6 +639,45 @@ fn audit_volume(audit: &mut Audit, volume: &Volume) -> Result<()> {
         );
     }
     Ok(())
+}
+
+/// A mounted ext4 volume whose file system recorded errors: its data may
+/// be damaged, and writes may already fail (errors=remount-ro). Repairing
+/// it is e2fsck's work on the unmounted file system, never ours.
+fn file_system_errors(audit: &mut Audit, volume: &Volume, number: u32, path: &Path) {
+    let Some(health) = FsHealth::of_mounted(&format!("loop{number}"), &MountTable::read()) else {
+        return;
+    };
+    let Some(errors) = health.errors.filter(|_| health.has_errors()) else {
+        return;
+    };
+    let when = match (health.first_error_time, health.last_error_time) {
+        (Some(first), Some(last)) if first != last => {
+            format!(" (the first at {}, the last at {})", utc(first), utc(last))
+        }
+        (_, Some(last)) => format!(" (the last at {})", utc(last)),
+        _ => String::new(),
+    };
+    let read_only = if health.read_only && !volume.read_only {
+        ", and the kernel has turned it read-only"
+    } else {
+        ""
+    };
+    let points: Vec<String> = health
+        .mount_points
+        .iter()
+        .map(|p| p.display().to_string())
+        .collect();
+    audit.report(
+        "file-system-errors",
+        Some(volume),
+        Some(path),
+        format!(
+            "{}: its ext4 file system recorded {errors} error(s){when}{read_only}; unmount it ({}), run `e2fsck -f /dev/loop{number}` and mount it again",
+            subject(volume),
+            points.join(", ")
+        ),
+    );
 }
 
 /// An audit that could not read everything cannot say the node is clean:
@@ -1023,7 +1067,8 @@ fn low_headroom(audit: &mut Audit, registry: &Registry, volumes: &[Volume]) {
     if registry.config().warn_headroom.is_none() {
         return;
     }
-    for usage in capacity::storage_root_usage(audit.root, registry.config(), volumes) {
+    let files = capacity::BackingFiles::look(audit.root, volumes);
+    for usage in capacity::storage_root_usage(audit.root, registry.config(), volumes, &files) {
         if usage.under_pressure() && usage.headroom() >= 0 {
             let path = usage.storage_root.clone();
             audit.warn("low-headroom", Some(&path), usage.pressure_message());
@@ -1032,7 +1077,8 @@ fn low_headroom(audit: &mut Audit, registry: &Registry, volumes: &[Volume]) {
 }
 
 fn overcommitment(audit: &mut Audit, registry: &Registry, volumes: &[Volume]) {
-    for fs_usage in capacity::backing_file_systems(audit.root, volumes).into_values() {
+    let files = capacity::BackingFiles::look(audit.root, volumes);
+    for fs_usage in capacity::backing_file_systems(audit.root, volumes, &files).into_values() {
         let directory = fs_usage.directory.clone();
         let numbers = format!(
             "volumes on the file system of {} ({}) may still grow by {} ({} bytes), but it has {} ({} bytes) free",
@@ -1074,7 +1120,7 @@ fn overcommitment(audit: &mut Audit, registry: &Registry, volumes: &[Volume]) {
         let mut finding =
             Finding::new("overcommitted", severity, message).about(None, Some(&directory));
         finding.uuids = fs_usage.volumes.clone();
-        finding.backing_fs = Some(fs_usage);
+        finding.backing_fs = Some(std::sync::Arc::unwrap_or_clone(fs_usage));
         audit.add(finding);
     }
 }

@@ -1,7 +1,8 @@
 //! `sparse-volume metrics`: the Prometheus text exposition format, printed
 //! or written atomically for node_exporter's textfile collector. The
-//! numbers are `list`'s (one truth for people and for monitoring), plus
-//! each storage root's file system and what the last `check` found.
+//! numbers are `list`'s (one truth for people and for monitoring: sizes,
+//! states, each attached volume's I/O counters), plus each storage root's
+//! file system and what the last `check` found.
 //!
 //! Writing the textfile is what the metrics timer does every minute, so
 //! that is also where a storage root crossing its `warn_headroom` is
@@ -19,6 +20,7 @@ use crate::commands::inspecting::list::{listing, ListReport};
 use crate::commands::report::{Failure, Outcome, Report};
 use crate::engine::capacity::StorageRootUsage;
 use crate::engine::inspect::VolumeInfo;
+use crate::kernel::block_stat::IoCounters;
 use crate::kernel::files::write_atomically;
 use crate::registry::paths::SystemRoot;
 use crate::registry::run_dir;
@@ -184,6 +186,22 @@ fn exposition(snapshot: &Snapshot) -> String {
             state => Some(flag(state == "active")),
         }),
     );
+    io_families(&mut out, volumes);
+    out.gauge(
+        "sparse_volume_fs_read_only",
+        "1 when the volume's mounted file system is read-only (mounted so, or turned read-only after an error); mounted filesystem volumes only.",
+        per_volume(&|v| v.fs_health.as_ref().map(|h| flag(h.read_only))),
+    );
+    out.gauge(
+        "sparse_volume_fs_errors",
+        "Errors the volume's ext4 file system recorded in its superblock, kept across mounts until e2fsck clears them; mounted ext4 volumes only.",
+        per_volume(&|v| v.fs_health.as_ref()?.errors.map(i128::from)),
+    );
+    out.gauge(
+        "sparse_volume_fs_last_error_timestamp_seconds",
+        "When the volume's ext4 file system recorded its last error (Unix time); only where it recorded one.",
+        per_volume(&|v| v.fs_health.as_ref()?.last_error_time.map(i128::from)),
+    );
     out.gauge(
         "sparse_volume_systemd_up",
         "1 when systemd answered for the unit states.",
@@ -265,6 +283,83 @@ fn exposition(snapshot: &Snapshot) -> String {
     out.text
 }
 
+/// A family of I/O series: its name between `sparse_volume_` and its
+/// suffix, what it counts, and the counter it is read from.
+type IoFamily = (&'static str, &'static str, fn(&IoCounters) -> u64);
+
+/// What the loop device of each attached volume did since its attach, as
+/// node_exporter's disk collector names it (which skips loop devices, and
+/// could only name them by a number that changes at every attach).
+fn io_families(out: &mut Exposition, volumes: &[VolumeInfo]) {
+    const SINCE: &str =
+        "since the volume's loop device was attached (the whole device in block mode); \
+        a new attach starts again at 0, which rate() and increase() take as a counter reset";
+    let per_volume = |value: &dyn Fn(&IoCounters) -> u64| {
+        volumes
+            .iter()
+            .filter_map(|v| v.io.as_ref().map(|io| (volume_labels(v), value(io))))
+            .collect::<Vec<_>>()
+    };
+    let counters: [IoFamily; 6] = [
+        ("reads_completed", "Read requests completed", |io| io.reads),
+        ("writes_completed", "Write requests completed", |io| {
+            io.writes
+        }),
+        ("discards_completed", "Discard requests completed", |io| {
+            io.discards
+        }),
+        ("read_bytes", "Bytes read", |io| io.read_bytes),
+        ("written_bytes", "Bytes written", |io| io.written_bytes),
+        ("discarded_bytes", "Bytes discarded", |io| {
+            io.discarded_bytes
+        }),
+    ];
+    for (name, what, value) in counters {
+        out.counter(
+            &format!("sparse_volume_{name}_total"),
+            &format!("{what} {SINCE}."),
+            per_volume(&value),
+        );
+    }
+    let times: [IoFamily; 4] = [
+        (
+            "read_time",
+            "Seconds spent by read requests (summed over the requests)",
+            |io| io.read_time_ms,
+        ),
+        (
+            "write_time",
+            "Seconds spent by write requests (summed over the requests)",
+            |io| io.write_time_ms,
+        ),
+        (
+            "discard_time",
+            "Seconds spent by discard requests (summed over the requests)",
+            |io| io.discard_time_ms,
+        ),
+        (
+            "io_time",
+            "Seconds during which the device had requests in flight",
+            |io| io.io_time_ms,
+        ),
+    ];
+    for (name, what, milliseconds) in times {
+        out.counter_seconds(
+            &format!("sparse_volume_{name}_seconds_total"),
+            &format!("{what} {SINCE}."),
+            per_volume(&milliseconds),
+        );
+    }
+    out.gauge(
+        "sparse_volume_io_now",
+        "I/O requests in flight on the volume's loop device.",
+        per_volume(&|io| io.in_flight)
+            .into_iter()
+            .map(|(labels, value)| (labels, i128::from(value)))
+            .collect(),
+    );
+}
+
 fn flag(value: bool) -> i128 {
     i128::from(value)
 }
@@ -305,17 +400,50 @@ struct Exposition {
 }
 
 impl Exposition {
+    fn gauge(&mut self, name: &str, help: &str, samples: Vec<(String, i128)>) {
+        self.family(name, help, "gauge", samples);
+    }
+
+    fn counter(&mut self, name: &str, help: &str, samples: Vec<(String, u64)>) {
+        self.family(name, help, "counter", samples);
+    }
+
+    /// A counter of seconds from the kernel's milliseconds, printed
+    /// exactly (`1.234`, never a rounded float).
+    fn counter_seconds(&mut self, name: &str, help: &str, milliseconds: Vec<(String, u64)>) {
+        let samples = milliseconds
+            .into_iter()
+            .map(|(labels, ms)| (labels, Seconds(ms)))
+            .collect();
+        self.family(name, help, "counter", samples);
+    }
+
     /// A metric without samples is left out: a `# TYPE` line alone says
     /// nothing and some parsers reject it.
-    fn gauge(&mut self, name: &str, help: &str, samples: Vec<(String, i128)>) {
+    fn family<V: std::fmt::Display>(
+        &mut self,
+        name: &str,
+        help: &str,
+        kind: &str,
+        samples: Vec<(String, V)>,
+    ) {
         if samples.is_empty() {
             return;
         }
         let _ = writeln!(self.text, "# HELP {name} {help}");
-        let _ = writeln!(self.text, "# TYPE {name} gauge");
+        let _ = writeln!(self.text, "# TYPE {name} {kind}");
         for (labels, value) in samples {
             let _ = writeln!(self.text, "{name}{labels} {value}");
         }
+    }
+}
+
+/// Milliseconds shown as seconds with three decimals.
+struct Seconds(u64);
+
+impl std::fmt::Display for Seconds {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}.{:03}", self.0 / 1000, self.0 % 1000)
     }
 }
 
@@ -345,6 +473,16 @@ mod tests {
         assert_eq!(
             out.text,
             "# HELP x_bytes h\n# TYPE x_bytes gauge\nx_bytes 18014398509481985\nx_bytes{a=\"b\"} -3\n"
+        );
+        let mut seconds = Exposition::default();
+        seconds.counter_seconds(
+            "t_seconds_total",
+            "h",
+            vec![(String::new(), 1_234), (String::new(), 7)],
+        );
+        assert_eq!(
+            seconds.text,
+            "# HELP t_seconds_total h\n# TYPE t_seconds_total counter\nt_seconds_total 1.234\nt_seconds_total 0.007\n"
         );
         let mut empty = Exposition::default();
         empty.gauge("y", "h", Vec::new());

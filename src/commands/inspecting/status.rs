@@ -5,9 +5,9 @@ use anyhow::Result;
 use serde::Serialize;
 
 use crate::commands::report::{Failure, Outcome, Report};
-use crate::engine::capacity::{backing_file_systems, backing_fs_of};
+use crate::engine::capacity::{backing_file_systems, backing_fs_of, BackingFiles};
 use crate::engine::inspect::connect_for_reading;
-use crate::engine::inspect::{inspect, UnitLookup, VolumeInfo};
+use crate::engine::inspect::{inspect, KernelView, UnitLookup, VolumeInfo};
 use crate::registry::Registry;
 use crate::volume::id::VolumeId;
 
@@ -35,11 +35,17 @@ fn inspect_one(registry: &Registry, id: &VolumeId) -> Result<StatusReport> {
         .into_iter()
         .filter_map(|entry| entry.volume.ok())
         .collect();
-    let file_systems = backing_file_systems(root, &all);
+    let files = BackingFiles::look(root, &all);
+    let file_systems = backing_file_systems(root, &all, &files);
     Ok(StatusReport {
         changed: false,
-        volume: inspect(root, &volume, UnitLookup::ask(systemd.as_ref(), &volume))
-            .with_backing_fs(backing_fs_of(root, &file_systems, &volume)),
+        volume: inspect(
+            root,
+            &volume,
+            &KernelView::read(),
+            UnitLookup::ask(systemd.as_ref(), &volume),
+        )
+        .with_backing_fs(backing_fs_of(&files, &file_systems, &volume)),
         systemd_error,
     })
 }

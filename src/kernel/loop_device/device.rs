@@ -489,20 +489,65 @@ pub fn parent_loop_of(device: &Path) -> Option<u32> {
 /// the kernel's record of the backing file's path in sysfs (readable by
 /// anyone, and what `losetup` shows unprivileged users too) has to do.
 pub fn devices_of_file(host_path: &Path) -> Result<Vec<u32>> {
-    if let Ok(by_inode) = devices_backed_by(host_path) {
-        if !by_inode.is_empty() {
-            return Ok(by_inode);
+    Ok(BoundLoops::read()?.devices_of_file(host_path))
+}
+
+/// Every bound loop device, read once: a caller that looks up many backing
+/// files (a listing of a thousand volumes) asks each device once, not once
+/// per file. A snapshot: devices bound or released later are not in it.
+pub struct BoundLoops {
+    /// The devices we could open, with their status.
+    statuses: Vec<(u32, LoopStatus)>,
+    /// The devices we could not open (without root), with the backing
+    /// file's path as sysfs records it.
+    unopened: Vec<(u32, PathBuf)>,
+}
+
+impl BoundLoops {
+    pub fn read() -> Result<Self> {
+        let mut statuses = Vec::new();
+        let mut unopened = Vec::new();
+        for number in bound_devices()? {
+            match LoopDevice::open(number, false) {
+                Ok(device) => {
+                    if let Ok(Some(status)) = device.status() {
+                        statuses.push((number, status));
+                    }
+                }
+                Err(_) => {
+                    let recorded = format!("/sys/block/loop{number}/loop/backing_file");
+                    if let Ok(text) = std::fs::read_to_string(recorded) {
+                        unopened.push((number, PathBuf::from(text.trim_end_matches('\n'))));
+                    }
+                }
+            }
         }
+        Ok(Self { statuses, unopened })
     }
-    let wanted = std::fs::canonicalize(host_path).unwrap_or_else(|_| host_path.to_path_buf());
-    Ok(bound_devices()?
-        .into_iter()
-        .filter(|n| LoopDevice::open(*n, false).is_err())
-        .filter(|n| {
-            std::fs::read_to_string(format!("/sys/block/loop{n}/loop/backing_file"))
-                .is_ok_and(|text| Path::new(text.trim_end_matches('\n')) == wanted)
-        })
-        .collect())
+
+    /// [`devices_of_file`] from this snapshot.
+    pub fn devices_of_file(&self, host_path: &Path) -> Vec<u32> {
+        if let Ok(meta) = std::fs::metadata(host_path) {
+            let by_inode: Vec<u32> = self
+                .statuses
+                .iter()
+                .filter(|(_, status)| status.is_backed_by(meta.dev(), meta.ino()))
+                .map(|(number, _)| *number)
+                .collect();
+            if !by_inode.is_empty() {
+                return by_inode;
+            }
+        }
+        if self.unopened.is_empty() {
+            return Vec::new();
+        }
+        let wanted = std::fs::canonicalize(host_path).unwrap_or_else(|_| host_path.to_path_buf());
+        self.unopened
+            .iter()
+            .filter(|(_, recorded)| *recorded == wanted)
+            .map(|(number, _)| *number)
+            .collect()
+    }
 }
 
 #[cfg(test)]

@@ -14,7 +14,7 @@ pub use allocate::{
 };
 pub use device::{
     bound_devices, bound_statuses, devices_backed_by, devices_holding, devices_of_file,
-    parent_loop_of, LockedLoopDevice, LoopDevice, LoopStatus, LOOP_CONTROL,
+    parent_loop_of, BoundLoops, LockedLoopDevice, LoopDevice, LoopStatus, LOOP_CONTROL,
 };
 pub use discard::{forbid_discards, renew_if_discards_left_off, DiscardLimits};
 pub use held_elsewhere::held_by_us_alone;

@@ -111,6 +111,14 @@ pub fn device(volume: &VolumeInfo) -> String {
         .map_or("-".to_string(), |name| name.to_string_lossy().into_owned())
 }
 
+/// `r 1.2M w 96M`: bytes read and written since the attach; `-` when not
+/// attached.
+pub fn io(volume: &VolumeInfo) -> String {
+    volume.io.map_or("-".to_string(), |io| {
+        format!("r {} w {}", size(io.read_bytes), size(io.written_bytes))
+    })
+}
+
 /// Whether the volume's backing file system has less free space than its
 /// volumes may still grow into (the `!` marker).
 pub fn short(volume: &VolumeInfo) -> bool {

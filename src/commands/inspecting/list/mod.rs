@@ -17,11 +17,13 @@ use serde::Serialize;
 
 use crate::commands::report::{Failure, Outcome, Report};
 use crate::engine::capacity::{
-    backing_file_systems, backing_fs_of, device_of, storage_root_usage, BackingFs, StorageRootUsage,
+    backing_file_systems, backing_fs_of, storage_root_usage, BackingFiles, BackingFs,
+    StorageRootUsage,
 };
-use crate::engine::inspect::{connect_for_reading, inspect, UnitLookup, VolumeInfo};
+use crate::engine::inspect::{connect_for_reading, inspect, KernelView, UnitLookup, VolumeInfo};
 use crate::registry::paths::SystemRoot;
 use crate::registry::{Config, Registry, RegistryError, Volume};
+use crate::systemd::all_volume_units;
 use terminal::Style;
 
 #[derive(Debug, Serialize)]
@@ -76,12 +78,25 @@ pub fn list(registry: &Registry, wide: bool) -> Outcome<ListReport> {
 pub fn listing(registry: &Registry, wide: bool) -> Result<ListReport> {
     let root = registry.root();
     let entries = registry.entries()?;
-    let (mut systemd, mut systemd_error) = connect_for_reading(!entries.is_empty());
+    let (systemd, mut systemd_error) = connect_for_reading(!entries.is_empty());
+    // One call for every unit's state; a systemd that fails it (or a later
+    // question) is asked nothing more.
+    let mut units = systemd.as_ref().and_then(|systemd| {
+        match systemd.loaded_units_matching(&all_volume_units()) {
+            Ok(listed) => Some((systemd, listed)),
+            Err(e) => {
+                systemd_error = Some(format!("{e:#}"));
+                None
+            }
+        }
+    });
     let valid: Vec<_> = entries
         .iter()
         .filter_map(|e| e.volume.as_ref().ok().cloned())
         .collect();
-    let file_systems = backing_file_systems(root, &valid);
+    let files = BackingFiles::look(root, &valid);
+    let file_systems = backing_file_systems(root, &valid, &files);
+    let kernel = KernelView::read();
     let mut volumes = Vec::new();
     let mut volume_warnings = Vec::new();
     let mut unreadable = 0;
@@ -89,15 +104,18 @@ pub fn listing(registry: &Registry, wide: bool) -> Result<ListReport> {
     for entry in &entries {
         match &entry.volume {
             Ok(volume) => {
-                let lookup = UnitLookup::ask(systemd.as_ref(), volume);
+                let lookup = match &units {
+                    Some((systemd, listed)) => UnitLookup::from_listing(systemd, listed, volume),
+                    None => UnitLookup::NotAsked,
+                };
                 let mut said_once = None;
                 if let UnitLookup::Failed(error) = &lookup {
                     // Stop asking: one slow answer is enough to wait for.
                     systemd_error = Some(error.clone());
                     said_once = Some(error.clone());
-                    systemd = None;
+                    units = None;
                 }
-                let info = inspect(root, volume, lookup);
+                let info = inspect(root, volume, &kernel, lookup);
                 // Taken before the backing file system is added: a short
                 // one is the footer's to say, once, not once per volume.
                 unreadable += usize::from(info.needs_root.is_some());
@@ -109,7 +127,7 @@ pub fn listing(registry: &Registry, wide: bool) -> Result<ListReport> {
                         })
                         .map(|p| format!("{}: {p}", info.uuid)),
                 );
-                volumes.push(info.with_backing_fs(backing_fs_of(root, &file_systems, volume)));
+                volumes.push(info.with_backing_fs(backing_fs_of(&files, &file_systems, volume)));
             }
             Err(error) => errors.push(RegistryErrorRow::from(error)),
         }
@@ -125,8 +143,8 @@ pub fn listing(registry: &Registry, wide: bool) -> Result<ListReport> {
         volumes,
         errors,
         systemd_error,
-        storage_roots: storage_root_usage(root, config, &valid),
-        other_file_systems: other_file_systems(root, config, &valid, &file_systems),
+        storage_roots: storage_root_usage(root, config, &valid, &files),
+        other_file_systems: other_file_systems(root, config, &valid, &files, &file_systems),
         volume_warnings,
         wide,
     })
@@ -138,7 +156,8 @@ fn other_file_systems(
     root: &SystemRoot,
     config: &Config,
     volumes: &[Volume],
-    file_systems: &std::collections::BTreeMap<u64, BackingFs>,
+    files: &BackingFiles,
+    file_systems: &std::collections::BTreeMap<u64, std::sync::Arc<BackingFs>>,
 ) -> Vec<StorageRootUsage> {
     let roots: Vec<u64> = config
         .storage_roots
@@ -148,7 +167,7 @@ fn other_file_systems(
         .collect();
     let mut found: Vec<(u64, StorageRootUsage)> = Vec::new();
     for volume in volumes {
-        let Ok(device) = device_of(&root.host_path(&volume.path)) else {
+        let Some(device) = files.device(volume) else {
             continue;
         };
         if roots.contains(&device) {

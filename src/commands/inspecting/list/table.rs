@@ -125,8 +125,8 @@ fn compact(report: &ListReport, style: &Style) -> Vec<String> {
 /// Every column, the compact table's included, one line per volume.
 fn wide(report: &ListReport) -> Vec<String> {
     let header = [
-        "UUID", "NAME", "MODE", "FS", "RO", "SIZE", "ALLOC", "ENABLED", "DEVICE", "STATE", "UNIT",
-        "PATH",
+        "UUID", "NAME", "MODE", "FS", "RO", "SIZE", "ALLOC", "ENABLED", "DEVICE", "I/O", "STATE",
+        "UNIT", "PATH",
     ];
     let mut rows: Vec<Vec<Cell>> = vec![header.iter().map(|h| Cell::plain(*h)).collect()];
     for v in &report.volumes {
@@ -148,6 +148,7 @@ fn wide(report: &ListReport) -> Vec<String> {
                     .as_ref()
                     .or(v.device.as_ref())
                     .map_or("-".to_string(), |d| d.display().to_string()),
+                cells::io(v),
                 State::of(v).word().to_string(),
                 v.unit_state(),
                 v.path.display().to_string(),
@@ -157,7 +158,7 @@ fn wide(report: &ListReport) -> Vec<String> {
             .collect(),
         );
     }
-    aligned(&rows, &[Align::Left; 12], &Style::plain())
+    aligned(&rows, &[Align::Left; 13], &Style::plain())
 }
 
 /// Columns two spaces apart, sized on the columns the text takes on

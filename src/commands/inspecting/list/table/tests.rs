@@ -9,6 +9,7 @@ use crate::commands::inspecting::list::terminal::{width, Style};
 use crate::commands::inspecting::list::{ListReport, RegistryErrorRow};
 use crate::engine::capacity::{BackingFs, StorageRootUsage};
 use crate::engine::inspect::VolumeInfo;
+use crate::kernel::block_stat::IoCounters;
 
 const G: u64 = 1 << 30;
 const M: u64 = 1 << 20;
@@ -69,6 +70,20 @@ fn volume(spec: Spec) -> VolumeInfo {
         )),
         link_state: "missing",
         link_target: None,
+        io: spec.device.map(|_| IoCounters {
+            reads: 40,
+            read_bytes: 3 << 19,
+            read_time_ms: 12,
+            writes: 900,
+            written_bytes: spec.allocated.unwrap_or(0) / 2,
+            write_time_ms: 2400,
+            discards: 0,
+            discarded_bytes: 0,
+            discard_time_ms: 0,
+            in_flight: 0,
+            io_time_ms: 2000,
+        }),
+        fs_health: None,
         unit: format!("sparse-volume@{}.service", spec.uuid),
         active_state: spec.active.to_string(),
         sub_state: match spec.active {
@@ -78,14 +93,14 @@ fn volume(spec: Spec) -> VolumeInfo {
         }
         .to_string(),
         unit_result: Some("success".to_string()),
-        backing_fs: Some(BackingFs {
+        backing_fs: Some(std::sync::Arc::new(BackingFs {
             directory: PathBuf::from(directory),
             free: if spec.fast { 2 * G } else { 412 * G },
             total: if spec.fast { 50 * G } else { 931 * G },
             committed_growth: if spec.fast { 7 * G } else { 96 * G },
             volumes: Vec::new(),
             short: spec.fast,
-        }),
+        })),
         problems: Vec::new(),
         needs_root: None,
         device_read_only: None,
