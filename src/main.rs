@@ -12,7 +12,7 @@ use sparse_volume::cli::logging;
 use sparse_volume::cli::output::{warn, Output};
 use sparse_volume::cli::usage::usage_error;
 use sparse_volume::cli::warnings::registry_warnings;
-use sparse_volume::commands::inspecting::{check, list, metrics, pv, status, volume_names};
+use sparse_volume::commands::inspecting::{check, list, metrics, pv, status};
 use sparse_volume::commands::provisioning::remove::RemoveReport;
 use sparse_volume::commands::provisioning::{apply, create, register, remove, resize};
 use sparse_volume::commands::running::{attach, detach, enable, start};
@@ -119,7 +119,8 @@ fn run(
         Command::Disable { now, .. } => out.emit(enable::disable(registry, &id(), *now, dry_run)),
         Command::Start { .. } => out.emit(start::start(registry, &id(), dry_run)),
         Command::Stop { .. } => out.emit(start::stop(registry, &id(), dry_run)),
-        Command::List { wide } => out.emit(list::list(registry, *wide)),
+        Command::List { names: true, .. } => out.emit(list::names::names(registry)),
+        Command::List { wide, .. } => out.emit(list::list(registry, *wide)),
         Command::Status { .. } => out.emit(status::status(registry, &id())),
         Command::Metrics { textfile: None } => out.document(metrics::render(registry)),
         Command::Metrics {
@@ -135,7 +136,6 @@ fn run(
             }
             Err(message) => out.usage(&message),
         },
-        Command::VolumeNames => out.document(Ok(volume_names::volume_names(registry))),
         Command::Pv(args) => {
             let uuid = args.volume.as_ref().map(|_| id());
             out.document(pv::manifest(registry, &args.request(uuid, cli.json)))

@@ -556,6 +556,7 @@ const VOLUME_FIELDS: &[&str] = &[
     "active_state",
     "sub_state",
     "unit_result",
+    "attach_missed",
     "problems",
 ];
 
@@ -774,6 +775,115 @@ fn list_and_metrics_ask_systemd_once_for_every_units_state() {
         }
     }
     world.run_ok(&["detach", &volumes[0]]);
+}
+
+/// Only what this boot should have attached is reported missed (and so
+/// alerted on): not a volume created since the boot without `--now`, nor
+/// one the kernel command line skips.
+#[test]
+fn attach_missed_is_what_this_boot_should_have_attached() {
+    needs_root!();
+    let world = World::new();
+    let fx = &world.fx;
+    let before_boot = |uuid: &str| {
+        let btime: u64 = fs::read_to_string("/proc/stat")
+            .unwrap()
+            .lines()
+            .find_map(|l| l.strip_prefix("btime "))
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap();
+        let file = fx.registry_file(uuid);
+        tool(
+            "touch",
+            &["-d", &format!("@{}", btime - 3600), file.to_str().unwrap()],
+        );
+    };
+    let inactive_old = world.volume(true);
+    before_boot(&inactive_old);
+    let created_now = world.volume(true);
+    let failed = new_uuid();
+    fx.register(&failed, "filesystem", "");
+    let skipped = world.volume(true);
+    before_boot(&skipped);
+    fs::create_dir_all(fx.host("/proc")).unwrap();
+    fs::write(
+        fx.host("/proc/cmdline"),
+        format!("quiet sparse_volume.skip={skipped}\n"),
+    )
+    .unwrap();
+    let attached = world.volume(true);
+    before_boot(&attached);
+    world.run_ok(&["start", &attached]);
+    assert_ne!(world.run(&["start", &failed]).code, 0);
+
+    let list = world.run_ok(&["list", "--json"]).json();
+    let missed = |uuid: &str| {
+        list["volumes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|v| v["uuid"] == uuid)
+            .unwrap()["attach_missed"]
+            .clone()
+    };
+    assert_eq!(missed(&inactive_old), true, "{list}");
+    assert_eq!(missed(&failed), true, "{list}");
+    assert_eq!(missed(&created_now), false, "{list}");
+    assert_eq!(missed(&skipped), false, "{list}");
+    assert_eq!(missed(&attached), false, "{list}");
+    let metrics = world.run_ok(&["metrics"]).stdout;
+    let gauge = |uuid: &str| {
+        metrics
+            .lines()
+            .find(|l| l.starts_with("sparse_volume_attach_missed{") && l.contains(uuid))
+            .unwrap_or_else(|| panic!("no attach_missed for {uuid}: {metrics}"))
+            .rsplit(' ')
+            .next()
+            .unwrap()
+            .to_string()
+    };
+    assert_eq!(
+        [&inactive_old, &failed, &created_now, &skipped, &attached].map(|u| gauge(u)),
+        ["1", "1", "0", "0", "0"]
+    );
+    // check weighs them alike: errors for the missed, warnings otherwise.
+    let check = world.run(&["check", "--json"]).json();
+    let severity = |uuid: &str| {
+        check["findings"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|f| f["uuid"] == uuid)
+            .map(|f| (f["kind"].clone(), f["severity"].clone()))
+    };
+    let said = |kind: &str, severity: &str| -> Option<(serde_json::Value, serde_json::Value)> {
+        Some((kind.into(), severity.into()))
+    };
+    assert_eq!(
+        severity(&inactive_old),
+        said("not-attached", "error"),
+        "{check}"
+    );
+    // Its file is missing: that is what check says first.
+    assert_eq!(
+        severity(&failed),
+        said("missing-backing-file", "error"),
+        "{check}"
+    );
+    assert_eq!(
+        severity(&created_now),
+        said("not-attached", "warning"),
+        "{check}"
+    );
+    assert_eq!(
+        severity(&skipped),
+        said("skipped-by-kernel-cmdline", "warning"),
+        "{check}"
+    );
+    assert_eq!(severity(&attached), None, "{check}");
+    world.run_ok(&["detach", &attached]);
 }
 
 #[test]

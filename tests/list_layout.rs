@@ -367,6 +367,7 @@ fn json_keys_are_kept() {
         "active_state",
         "sub_state",
         "unit_result",
+        "attach_missed",
         "backing_fs",
         "problems",
     ];
@@ -525,4 +526,30 @@ fn a_listing_without_root_says_once_what_it_could_not_read() {
         .collect();
     assert_eq!(about_root.len(), 1, "{}", run.stderr);
     assert!(about_root[0].contains("3 volume"), "{}", run.stderr);
+}
+
+/// `list --names`: the words the shell completions offer, from the
+/// registry alone (no root, no devices), the same in JSON.
+#[test]
+fn names_are_each_uuid_and_name_one_per_line() {
+    let fx = Fixture::new();
+    let named = uuid(1);
+    let unnamed = uuid(2);
+    fx.register(&named, "filesystem", "name = \"pg-data\"\n");
+    fx.register(&unnamed, "block", "");
+    fs::write(fx.registry_file(&uuid(3)), "uuid = [\n").unwrap();
+    let run = list(&fx, None, &["--names"]);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    let mut expected = vec![named.clone(), unnamed.clone(), "pg-data".to_string()];
+    expected.sort();
+    assert_eq!(run.stdout.lines().collect::<Vec<_>>(), expected);
+    let json = list(&fx, None, &["--names", "--json"]).json();
+    assert_eq!(json["volumes"].as_array().unwrap().len(), 2, "{json}");
+    assert!(json["volumes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|v| v["uuid"] == named && v["name"] == "pg-data"));
+    // --names and --wide do not go together.
+    assert_eq!(list(&fx, None, &["--names", "--wide"]).code, 2);
 }

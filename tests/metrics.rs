@@ -689,6 +689,25 @@ fn io_counters_rise_by_what_fio_moved_and_start_again_at_each_attach() {
         "i/o counters: fio wrote {written} (counter +{grew}, {requests} requests), read {read} (counter +{grew_read}); {since_attach} bytes after the new attach"
     );
     fx.run_ok(&["detach", "pg"]);
+    let base = fx.host(&format!("/run/sparse-volume/{uuid}.io-base"));
+    assert!(!base.exists(), "detach left {} behind", base.display());
+
+    // Bound by hand: no base, and status says why it shows no I/O.
+    let by_hand = common::bound_by_hand(&fx.backing(&uuid), &[]);
+    let _detach_by_hand = common::DetachOnDrop(by_hand);
+    assert!(fx.run_ok(&["status", "pg", "--json"]).json()["io"].is_null());
+    let status = fx.run_ok(&["status", "pg"]).stdout;
+    assert!(
+        status.contains("i/o:      not counted: attached other than by sparse-volume"),
+        "{status}"
+    );
+    // attach adopts the device and counts from then on.
+    fx.run_ok(&["attach", "pg"]);
+    assert_eq!(
+        fx.run_ok(&["status", "pg", "--json"]).json()["io"]["written_bytes"],
+        0
+    );
+    fx.run_ok(&["detach", "pg"]);
 }
 
 /// A file-system error, made as the field gets them: a directory block
@@ -784,7 +803,7 @@ fn file_system_errors_show_in_metrics_and_check_and_fire_the_alert() {
         "{message}"
     );
     let status = fx.run_ok(&["status", "pg"]).stdout;
-    assert!(status.contains("errors recorded"), "{status}");
+    assert!(status.contains(" recorded (the last at "), "{status}");
 
     // The shipped alert fires on this very scrape.
     let rules =
@@ -825,11 +844,39 @@ tests:
         String::from_utf8_lossy(&promtool.stderr)
     );
 
-    // Mounted read-only: the gauge says so.
+    // Unmounted, the superblock still says so, and check with it; the
+    // e2fsck it names (with -y: no terminal here) clears it.
     drop(mounted);
+    let unmounted = fx.run(&["check", "--json"]).json();
+    let finding = unmounted["findings"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|f| f["kind"] == "file-system-errors")
+        .unwrap_or_else(|| panic!("unmounted, check forgot the errors: {unmounted}"))
+        .clone();
+    let message = finding["message"].as_str().unwrap();
+    assert!(
+        message.contains(&format!("run `e2fsck -f {device}`"))
+            && message.contains("before it is mounted again"),
+        "{message}"
+    );
+    let repaired = Command::new("e2fsck")
+        .args(["-f", "-y", &device])
+        .output()
+        .unwrap();
+    assert!(
+        matches!(repaired.status.code(), Some(0..=1)),
+        "e2fsck -fy: {repaired:?}"
+    );
+    let clean = fx.run(&["check", "--json"]).json();
+    assert_eq!(clean["clean"], true, "after e2fsck: {clean}");
+
+    // Mounted read-only: the gauge says so, and no errors are left.
     let mounted = Mounted::new(&fx, &device, &["-o", "ro"]).expect("mounting pg read-only");
     let samples = parse(&fx.run_ok(&["metrics"]).stdout);
     assert_eq!(must(&samples, "sparse_volume_fs_read_only", label), 1);
+    assert_eq!(must(&samples, "sparse_volume_fs_errors", label), 0);
     eprintln!(
         "file-system errors: {errors} recorded, the last at {last}; check and the alert saw them"
     );

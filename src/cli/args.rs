@@ -4,7 +4,7 @@ use std::io::Read;
 use std::path::PathBuf;
 
 use clap::builder::{PossibleValue, TypedValueParser};
-use clap::{Args, Parser, Subcommand, ValueEnum};
+use clap::{Args, Parser, Subcommand, ValueEnum, ValueHint};
 
 use crate::commands::inspecting::pv::{ManifestFormat, PvRequest, Reclaim};
 use crate::commands::provisioning::apply::desired::{Desired, State};
@@ -61,7 +61,7 @@ pub enum Command {
         #[arg(value_name = "VOLUME")]
         volume: VolumeRef,
         /// New size (e.g. 20G); never smaller than the current size.
-        #[arg(long, value_parser = parse_size_arg)]
+        #[arg(long, value_parser = parse_size_arg, value_hint = ValueHint::Other)]
         size: u64,
         #[command(flatten)]
         dry: DryRun,
@@ -130,10 +130,14 @@ pub enum Command {
     },
     /// Every volume at a glance: name, mode, size, allocation, device, state.
     List {
-        /// Every column (UUID, enabled flag, unit state, path), one line per
-        /// volume however long.
+        /// Every column (UUID, enabled flag, I/O since the attach, unit
+        /// state, path), one line per volume however long.
         #[arg(long)]
         wide: bool,
+        /// Only each volume's UUID and name, one per line, read from the
+        /// registry alone (for scripts and shell completion).
+        #[arg(long, conflicts_with = "wide")]
+        names: bool,
     },
     /// One volume in detail (the same fields as `list`).
     Status {
@@ -149,7 +153,8 @@ pub enum Command {
         #[command(flatten)]
         dry: DryRun,
     },
-    /// Prometheus metrics: every volume and backing file system.
+    /// Prometheus metrics: every volume (space, state, I/O since its
+    /// attach, file-system errors) and backing file system.
     Metrics {
         /// Write DIR/sparse_volume.prom atomically (node_exporter's textfile
         /// collector) instead of printing; without DIR, the directory named
@@ -159,10 +164,6 @@ pub enum Command {
     },
     /// A Kubernetes local PersistentVolume for a registered volume.
     Pv(PvArgs),
-    /// The registered volumes' UUIDs and names, one per line, for the
-    /// shell completions.
-    #[command(name = "volume-names", hide = true)]
-    VolumeNames,
     /// Converge one volume to a desired state (for config management):
     /// create it, grow it, set its flags, start or stop it, or remove it,
     /// doing only what differs. Prints what changed, before and after.
@@ -189,17 +190,17 @@ pub struct ApplyArgs {
     ])]
     pub stdin: bool,
     /// The volume's UUID (any case); with `--name`, both must agree.
-    #[arg(long, value_parser = parse_uuid_any_case)]
+    #[arg(long, value_parser = parse_uuid_any_case, value_hint = ValueHint::Other)]
     pub uuid: Option<VolumeId>,
     /// The volume's name: unique on the node, so it names the volume in
     /// every command as its UUID does.
-    #[arg(long, value_parser = parse_name_arg)]
+    #[arg(long, value_parser = parse_name_arg, value_hint = ValueHint::Other)]
     pub name: Option<String>,
     /// `present` makes or keeps the volume; `absent` removes it.
     #[arg(long, value_enum, default_value_t = State::Present)]
     pub state: State,
     /// Size (grown to when larger; never shrunk).
-    #[arg(long, value_parser = parse_size_arg)]
+    #[arg(long, value_parser = parse_size_arg, value_hint = ValueHint::Other)]
     pub size: Option<u64>,
     /// `filesystem` (default when creating) or `block`; refused if it
     /// differs from an existing volume's.
@@ -228,7 +229,7 @@ pub struct ApplyArgs {
     pub sector_size: Option<u32>,
     /// Extra option passed to mkfs when creating (repeatable); refused if
     /// it differs from the options an existing volume was made with.
-    #[arg(long = "mkfs-option", allow_hyphen_values = true)]
+    #[arg(long = "mkfs-option", allow_hyphen_values = true, value_hint = ValueHint::Other)]
     pub mkfs_options: Vec<String>,
     /// With `--state absent`: also delete the backing file.
     #[arg(long)]
@@ -289,11 +290,11 @@ pub struct PvArgs {
     #[arg(long)]
     pub all: bool,
     /// `spec.storageClassName`.
-    #[arg(long, default_value = "local-storage")]
+    #[arg(long, default_value = "local-storage", value_hint = ValueHint::Other)]
     pub storage_class: String,
     /// The Kubernetes node name for `nodeAffinity` (default: this host's
     /// name, as kubelet registers it).
-    #[arg(long)]
+    #[arg(long, value_hint = ValueHint::Other)]
     pub node: Option<String>,
     /// `spec.persistentVolumeReclaimPolicy`.
     #[arg(long, value_enum, ignore_case = true, default_value_t = Reclaim::Retain)]
@@ -307,7 +308,7 @@ pub struct PvArgs {
 pub struct RegisterArgs {
     /// The UUID the backing file's content carries (file system UUID, or
     /// the GPT partition GUID of a block volume).
-    #[arg(long, value_parser = parse_uuid_any_case)]
+    #[arg(long, value_parser = parse_uuid_any_case, value_hint = ValueHint::Other)]
     pub uuid: VolumeId,
     /// Backing file path, inside a storage root.
     #[arg(long)]
@@ -321,7 +322,7 @@ pub struct RegisterArgs {
     pub fs_type: Option<FsType>,
     /// The volume's name: unique on the node, so it names the volume in
     /// every command as its UUID does.
-    #[arg(long, value_parser = parse_name_arg)]
+    #[arg(long, value_parser = parse_name_arg, value_hint = ValueHint::Other)]
     pub name: Option<String>,
     /// Logical sector size (512 or 4096); detected from the content
     /// when omitted, refused when the content does not read with it.
@@ -357,7 +358,7 @@ impl RegisterArgs {
 #[derive(Debug, Args)]
 pub struct CreateArgs {
     /// Size (4096, 512M, 1.5G, 10GiB, 1TB: K to E in any case, KB… for powers of 1000); rounded up to whole MiB.
-    #[arg(long, value_parser = parse_size_arg)]
+    #[arg(long, value_parser = parse_size_arg, value_hint = ValueHint::Other)]
     pub size: u64,
     #[arg(long, value_enum, default_value_t = ModeKind::Filesystem)]
     pub mode: ModeKind,
@@ -366,11 +367,11 @@ pub struct CreateArgs {
     #[arg(long = "fs", value_enum)]
     pub fs_type: Option<FsType>,
     /// Volume UUID; a new one is chosen (and reported) when omitted.
-    #[arg(long, value_parser = parse_uuid_any_case)]
+    #[arg(long, value_parser = parse_uuid_any_case, value_hint = ValueHint::Other)]
     pub uuid: Option<VolumeId>,
     /// The volume's name: unique on the node, so it names the volume in
     /// every command as its UUID does.
-    #[arg(long, value_parser = parse_name_arg)]
+    #[arg(long, value_parser = parse_name_arg, value_hint = ValueHint::Other)]
     pub name: Option<String>,
     /// Backing file path (default: <first storage root>/<UUID>).
     #[arg(long)]
@@ -383,7 +384,7 @@ pub struct CreateArgs {
     #[arg(long, value_parser = sector_size_parser())]
     pub sector_size: Option<u32>,
     /// Extra option passed to mkfs (repeatable).
-    #[arg(long = "mkfs-option", allow_hyphen_values = true)]
+    #[arg(long = "mkfs-option", allow_hyphen_values = true, value_hint = ValueHint::Other)]
     pub mkfs_options: Vec<String>,
     /// Also attach the volume now.
     #[arg(long)]
@@ -525,8 +526,7 @@ impl Command {
             | Command::Register(_)
             | Command::Check { .. }
             | Command::List { .. }
-            | Command::Metrics { .. }
-            | Command::VolumeNames => None,
+            | Command::Metrics { .. } => None,
         }
     }
 
@@ -540,7 +540,6 @@ impl Command {
                 | Command::Check { repair: false, .. }
                 | Command::Metrics { .. }
                 | Command::Pv(_)
-                | Command::VolumeNames
         )
     }
 
@@ -570,7 +569,6 @@ impl Command {
             Command::Pv(_) if id.is_some() => format!("writing the PersistentVolume of{volume}"),
             Command::Pv(_) => "writing PersistentVolumes".into(),
             Command::Apply(_) => "applying".into(),
-            Command::VolumeNames => "listing volume names".into(),
         }
     }
 
@@ -592,8 +590,7 @@ impl Command {
             Command::List { .. }
             | Command::Status { .. }
             | Command::Metrics { .. }
-            | Command::Pv(_)
-            | Command::VolumeNames => false,
+            | Command::Pv(_) => false,
         }
     }
 

@@ -19,8 +19,8 @@ use crate::kernel::loop_device::{
     self, ioctl::LO_FLAGS_AUTOCLEAR, renew_if_discards_left_off, DiscardLimits, LoopDevice,
     LoopStatus,
 };
-use crate::registry::device_note;
 use crate::registry::Registry;
+use crate::registry::{device_note, io_base};
 use crate::volume::backing_file::open_without_hanging;
 use crate::volume::id::VolumeId;
 
@@ -51,7 +51,11 @@ pub fn detach_locked(
     id: &VolumeId,
     lock: &ExclusiveLock,
 ) -> Result<DetachReport> {
-    release(registry, id, lock, true)
+    let report = release(registry, id, lock, true)?;
+    if report.changed {
+        io_base::forget(registry.root(), id);
+    }
+    Ok(report)
 }
 
 fn release(

@@ -13,6 +13,7 @@ use std::sync::Arc;
 use anyhow::Result;
 use serde::Serialize;
 
+use crate::engine::boot_verdict::{not_attached, ThisBoot, UnitSaid};
 use crate::engine::capacity::BackingFs;
 use crate::kernel::block_stat::IoCounters;
 use crate::kernel::fs_health::{FsHealth, MountTable};
@@ -74,6 +75,12 @@ pub struct VolumeInfo {
     pub sub_state: String,
     /// The service's Result (`success`, `exit-code`, ...), null when unknown.
     pub unit_result: Option<String>,
+    /// Enabled, not attached, and this boot should have attached it (its
+    /// unit failed, runs without the device, or is inactive although the
+    /// volume was registered before the boot); false for a volume created
+    /// since the boot, skipped by the kernel command line, or whose unit
+    /// state is unknown.
+    pub attach_missed: bool,
     /// The file system under the backing file: its free bytes against
     /// what the volumes on it may still grow into (`short` when that is
     /// more than is free); null when it cannot be measured.
@@ -145,17 +152,19 @@ impl UnitLookup {
 
 /// What the kernel says of every volume, read once for all the volumes a
 /// command inspects: the bound loop devices (or why they could not be
-/// read) and the mount table.
+/// read), the mount table, and this boot's start and command line.
 pub struct KernelView {
     loops: Result<BoundLoops>,
     mounts: MountTable,
+    this_boot: ThisBoot,
 }
 
 impl KernelView {
-    pub fn read() -> Self {
+    pub fn read(root: &SystemRoot) -> Self {
         Self {
             loops: BoundLoops::read(),
             mounts: MountTable::read(),
+            this_boot: ThisBoot::read(root),
         }
     }
 }
@@ -247,6 +256,15 @@ pub fn inspect(
         UnitLookup::NotAsked => (UNKNOWN.to_string(), UNKNOWN.to_string(), None),
     };
 
+    let attach_missed =
+        volume.enabled && device.is_none() && kernel.this_boot.skips(&volume.id).is_none() && {
+            let said = if active_state == UNKNOWN {
+                UnitSaid::Unknown("systemd was not asked".into())
+            } else {
+                UnitSaid::State(&active_state)
+            };
+            not_attached(&kernel.this_boot, root, &volume.id, said).missed
+        };
     let fs_type = volume.mode.fs_type_name();
     VolumeInfo {
         uuid: volume.id.to_string(),
@@ -270,6 +288,7 @@ pub fn inspect(
         active_state,
         sub_state,
         unit_result,
+        attach_missed,
         backing_fs: None,
         problems,
         needs_root,
@@ -364,8 +383,8 @@ impl VolumeInfo {
                 None => format!("{} (missing)", self.link.display()),
             },
         );
-        if let Some(io) = &self.io {
-            row(
+        match (&self.io, &self.device) {
+            (Some(io), _) => row(
                 "i/o:",
                 format!(
                     "read {} in {} requests, wrote {} in {}, discarded {} (since the attach)",
@@ -375,7 +394,12 @@ impl VolumeInfo {
                     io.writes,
                     format_size(io.discarded_bytes)
                 ),
-            );
+            ),
+            (None, Some(_)) => row(
+                "i/o:",
+                "not counted: attached other than by sparse-volume (by hand, or by a version that did not count); `sparse-volume attach` counts from now".to_string(),
+            ),
+            (None, None) => {}
         }
         if let Some(health) = &self.fs_health {
             row("mounted:", describe_fs_health(health));
@@ -421,13 +445,18 @@ fn describe_fs_health(health: &FsHealth) -> String {
     if health.read_only {
         text.push_str(", read-only");
     }
+    let errors = |n: u64| match n {
+        1 => "1 error recorded".to_string(),
+        n => format!("{n} errors recorded"),
+    };
     match (health.errors, health.last_error_time) {
         (Some(0), _) => text.push_str(", no errors recorded"),
         (Some(n), Some(last)) => text.push_str(&format!(
-            ", {n} errors recorded (the last at {})",
+            ", {} (the last at {}; `sparse-volume check` says what to do)",
+            errors(n),
             utc(last)
         )),
-        (Some(n), None) => text.push_str(&format!(", {n} errors recorded")),
+        (Some(n), None) => text.push_str(&format!(", {}", errors(n))),
         (None, _) => {}
     }
     text

@@ -4,6 +4,7 @@
 
 pub mod activate;
 pub mod attach;
+pub mod boot_verdict;
 pub mod capacity;
 pub mod detach;
 pub mod inspect;

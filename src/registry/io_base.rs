@@ -51,3 +51,15 @@ pub fn since_attach(root: &SystemRoot, id: &VolumeId, number: u32) -> Option<IoC
     }
     IoCounters::of_loop_device(number)?.since(&IoCounters::parse(stat)?)
 }
+
+/// Drops the base once the volume is detached (best effort: a stale one
+/// is never believed, its disk sequence number having changed).
+pub fn forget(root: &SystemRoot, id: &VolumeId) {
+    let path = path(root, id);
+    match std::fs::remove_file(&path) {
+        Err(error) if error.kind() != std::io::ErrorKind::NotFound => {
+            tracing::debug!("removing {}: {error}", path.display());
+        }
+        _ => {}
+    }
+}

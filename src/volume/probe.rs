@@ -206,6 +206,61 @@ fn filesystem_in(head: &[u8]) -> Option<Content> {
     None
 }
 
+/// The errors an ext4 file system recorded in its superblock (the kernel
+/// counts them there, and e2fsck clears them once it repaired them).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RecordedErrors {
+    pub count: u32,
+    /// When the first and the last happened (Unix time); None when unset.
+    pub first: Option<u64>,
+    pub last: Option<u64>,
+}
+
+/// `s_error_count`, and the times of the first and last error (low 32
+/// bits: good until 2106).
+const EXT_ERROR_COUNT_OFFSET: usize = 0x194;
+const EXT_FIRST_ERROR_TIME_OFFSET: usize = 0x198;
+const EXT_LAST_ERROR_TIME_OFFSET: usize = 0x1CC;
+
+/// What the ext4 superblock at the start of `file` recorded of errors;
+/// None when it holds no ext4, or recorded none.
+pub fn ext4_recorded_errors(file: &File) -> Result<Option<RecordedErrors>> {
+    let mut head = [0u8; HEAD_BYTES];
+    let length = read_up_to(file, &mut head, 0)?;
+    Ok(recorded_errors_in(&head[..length]))
+}
+
+fn recorded_errors_in(head: &[u8]) -> Option<RecordedErrors> {
+    let ext = head.get(EXT_SUPERBLOCK as usize..)?;
+    let u16_at = |offset: usize| {
+        Some(u16::from_le_bytes(
+            ext.get(offset..offset + 2)?.try_into().ok()?,
+        ))
+    };
+    let u32_at = |offset: usize| {
+        Some(u32::from_le_bytes(
+            ext.get(offset..offset + 4)?.try_into().ok()?,
+        ))
+    };
+    if u16_at(EXT_MAGIC_OFFSET)? != EXT_MAGIC {
+        return None;
+    }
+    // The kernel counts every error it records. The "errors" bit of
+    // s_state alone is also set by tools while they work (resize2fs, until
+    // it is done), so that an interrupted run gets checked: the command
+    // that was interrupted finishes it (`resize` runs e2fsck first).
+    let count = u32_at(EXT_ERROR_COUNT_OFFSET)?;
+    if count == 0 {
+        return None;
+    }
+    let time = |offset| u32_at(offset).filter(|t| *t != 0).map(u64::from);
+    Some(RecordedErrors {
+        count,
+        first: time(EXT_FIRST_ERROR_TIME_OFFSET),
+        last: time(EXT_LAST_ERROR_TIME_OFFSET),
+    })
+}
+
 fn uuid_at(buffer: &[u8], offset: usize) -> Uuid {
     let mut bytes = [0u8; 16];
     bytes.copy_from_slice(&buffer[offset..offset + 16]);
@@ -353,6 +408,33 @@ mod tests {
                 from_image
             );
         }
+    }
+
+    #[test]
+    fn reads_the_errors_an_ext4_superblock_recorded() {
+        let mut image = vec![0u8; 4096];
+        image[1024 + 0x38..][..2].copy_from_slice(&[0x53, 0xEF]);
+        assert_eq!(recorded_errors_in(&image), None, "a clean file system");
+        image[1024 + 0x194..][..4].copy_from_slice(&3u32.to_le_bytes());
+        image[1024 + 0x198..][..4].copy_from_slice(&1_796_000_000u32.to_le_bytes());
+        image[1024 + 0x1CC..][..4].copy_from_slice(&1_796_476_127u32.to_le_bytes());
+        assert_eq!(
+            recorded_errors_in(&image),
+            Some(RecordedErrors {
+                count: 3,
+                first: Some(1_796_000_000),
+                last: Some(1_796_476_127)
+            })
+        );
+        // Marked "with errors" by a tool at work (resize2fs), not counted
+        // by the kernel: not a recorded error.
+        let mut marked = vec![0u8; 4096];
+        marked[1024 + 0x38..][..2].copy_from_slice(&[0x53, 0xEF]);
+        marked[1024 + 0x3A..][..2].copy_from_slice(&2u16.to_le_bytes());
+        assert_eq!(recorded_errors_in(&marked), None);
+        image[1024 + 0x38] = 0;
+        assert_eq!(recorded_errors_in(&image), None, "no ext4");
+        assert_eq!(recorded_errors_in(&image[..1100]), None, "short");
     }
 
     #[test]

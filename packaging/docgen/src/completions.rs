@@ -1,7 +1,7 @@
 //! The shell completions: clap_complete's scripts for bash, zsh and fish,
 //! mended where they fall short, and taught the volumes: where a command
 //! takes a VOLUME, they offer the registered UUIDs and names, which
-//! `sparse-volume volume-names` prints (from the registry alone, without
+//! `sparse-volume list --names` prints (from the registry alone, without
 //! root where the registry is readable).
 
 use std::fs;
@@ -117,7 +117,7 @@ fn bash_with_volumes(script: &str, volumes: &VolumeCommands) -> String {
         {options}) return 0 ;;
     esac
     [[ $cur != -* && $positionals -eq 0 ]] || return 0
-    COMPREPLY=($(compgen -W "$({BIN} volume-names 2>/dev/null)" -- "$cur"))
+    COMPREPLY=($(compgen -W "$({BIN} list --names 2>/dev/null)" -- "$cur"))
 }}
 "#,
         options = volumes.options_with_values.join("|"),
@@ -140,7 +140,7 @@ fn zsh_with_volumes(script: &str) -> String {
         r#"(( $+functions[_{BIN}_volumes] )) ||
 _{BIN}_volumes() {{
     local -a volumes
-    volumes=(${{(f)"$(_call_program volumes {BIN} volume-names 2>/dev/null)"}})
+    volumes=(${{(f)"$(_call_program volumes {BIN} list --names 2>/dev/null)"}})
     _describe -t volumes 'volume' volumes
 }}
 
@@ -164,15 +164,35 @@ _{BIN}_volumes() {{
     }
 }
 
-/// One more line: after a subcommand that takes a VOLUME, the volumes.
+/// After a subcommand that takes a VOLUME, in its place (the first word
+/// after the subcommand that is neither an option nor an option's value),
+/// the volumes.
 fn fish_with_volumes(script: &str, volumes: &VolumeCommands) -> String {
-    let condition = format!(
-        "__fish_{}_using_subcommand {}",
-        BIN.replace('-', "_"),
-        volumes.names.join(" ")
-    );
+    let function = format!("__fish_{}_wants_volume", BIN.replace('-', "_"));
     format!(
-        "{script}complete -c {BIN} -n \"{condition}\" -f -a \"({BIN} volume-names 2>/dev/null)\" -d 'registered volume'\n"
+        r#"{script}
+function {function}
+    set -l words
+    set -l skip_value 0
+    for token in (commandline -opc)[2..]
+        if test $skip_value = 1
+            set skip_value 0
+            continue
+        end
+        switch $token
+            case {options}
+                set skip_value 1
+            case '-*'
+            case '*'
+                set -a words $token
+        end
+    end
+    test (count $words) -eq 1; and contains -- $words[1] {commands}
+end
+complete -c {BIN} -n {function} -f -a "({BIN} list --names 2>/dev/null)" -d 'registered volume'
+"#,
+        options = volumes.options_with_values.join(" "),
+        commands = volumes.names.join(" "),
     )
 }
 
@@ -185,7 +205,7 @@ mod tests {
     use std::process::Command;
 
     /// The scripts, and a stand-in `sparse-volume` on PATH whose
-    /// `volume-names` prints two volumes (the installed binary's answer is
+    /// `list --names` prints two volumes (the installed binary's answer is
     /// checked by packaging/check-packages.sh against a real registry).
     struct Scripts {
         dir: tempfile::TempDir,
@@ -200,7 +220,7 @@ mod tests {
             let stand_in = bin.join(BIN);
             fs::write(
                 &stand_in,
-                "#!/bin/sh\n[ \"$1\" = volume-names ] && printf '%s\\n' 6f1c2a8e-3b4d-4e5f-8a9b-0c1d2e3f4a5b pg-data\n",
+                "#!/bin/sh\n[ \"$1 $2\" = 'list --names' ] && printf '%s\\n' 6f1c2a8e-3b4d-4e5f-8a9b-0c1d2e3f4a5b pg-data\n",
             )
             .unwrap();
             fs::set_permissions(&stand_in, fs::Permissions::from_mode(0o755)).unwrap();
@@ -316,18 +336,24 @@ mod tests {
         );
         // Not a volume's place: an option's value, a second word, a
         // command that takes none.
-        assert!(!scripts
-            .bash(&["sparse-volume", "resize", "--size", ""])
-            .contains(&"pg-data".to_string()));
+        // Nor files where a size, a name or a node is typed.
+        for words in [
+            &["sparse-volume", "resize", "--size", ""][..],
+            &["sparse-volume", "create", "--name", ""],
+            &["sparse-volume", "pv", "--node", ""],
+        ] {
+            let offered = scripts.bash(words);
+            assert!(
+                offered.iter().all(|w| w.is_empty()),
+                "completing {words:?}: {offered:?}"
+            );
+        }
         assert!(scripts
             .bash(&["sparse-volume", "status", "pg-data", ""])
             .iter()
             .all(|w| w.starts_with('-')));
         assert!(!scripts
             .bash(&["sparse-volume", "list", ""])
-            .contains(&"pg-data".to_string()));
-        assert!(!scripts
-            .bash(&["sparse-volume", "create", "--name", ""])
             .contains(&"pg-data".to_string()));
     }
 
@@ -380,7 +406,56 @@ mod tests {
         );
         let fish = fs::read_to_string(scripts.script(&format!("{BIN}.fish"))).unwrap();
         assert!(fish.ends_with(
-            "-f -a \"(sparse-volume volume-names 2>/dev/null)\" -d 'registered volume'\n"
+            "-f -a \"(sparse-volume list --names 2>/dev/null)\" -d 'registered volume'\n"
         ));
+    }
+
+    /// What fish offers for a command line (its `complete -C`); empty
+    /// when fish is not installed here (packaging/check-packages.sh, which
+    /// installs it, runs the installed script as well).
+    fn fish(scripts: &Scripts, line: &str) -> Option<Vec<String>> {
+        let output = Command::new("fish")
+            .arg("-c")
+            .arg(format!(
+                "source {:?}; complete -C '{line}'",
+                scripts.script(&format!("{BIN}.fish"))
+            ))
+            .env("PATH", scripts.path())
+            .output()
+            .ok()?;
+        assert!(output.status.success(), "{output:?}");
+        let mut offered: Vec<String> = String::from_utf8_lossy(&output.stdout)
+            .lines()
+            .map(|l| l.split('\t').next().unwrap_or("").to_string())
+            .collect();
+        offered.sort();
+        Some(offered)
+    }
+
+    #[test]
+    fn fish_offers_the_volumes_in_a_volumes_place_only() {
+        let scripts = Scripts::new();
+        let Some(offered) = fish(&scripts, "sparse-volume status ") else {
+            eprintln!("skipped: fish is not installed");
+            return;
+        };
+        let both = sorted(&["6f1c2a8e-3b4d-4e5f-8a9b-0c1d2e3f4a5b", "pg-data"]);
+        assert_eq!(offered, both);
+        assert_eq!(
+            fish(&scripts, "sparse-volume resize --size 2G ").unwrap(),
+            both
+        );
+        // A second word, an option's value, a command without a volume.
+        for line in [
+            "sparse-volume status pg-data ",
+            "sparse-volume resize --size ",
+            "sparse-volume list ",
+        ] {
+            let offered = fish(&scripts, line).unwrap();
+            assert!(
+                !offered.contains(&"pg-data".to_string()),
+                "{line:?} offered {offered:?}"
+            );
+        }
     }
 }

@@ -13,6 +13,7 @@ use serde::Serialize;
 use crate::commands::report::{Failure, Outcome, Report};
 use crate::engine::activate::bring_up_now;
 use crate::engine::attach::{unfit_message, unfit_reasons};
+use crate::engine::boot_verdict::{not_attached, NotAttached, ThisBoot, UnitSaid};
 use crate::engine::capacity::{self, BackingFs};
 use crate::engine::detach::{detach_device_or_leave_it, recovery_hint};
 use crate::engine::inspect::utc;
@@ -22,7 +23,6 @@ use crate::kernel::holders::users_of_loop;
 use crate::kernel::loop_device::{self, LoopDevice};
 use crate::registry::paths::SystemRoot;
 use crate::registry::{Registry, Volume};
-use crate::systemd::kernel_cmdline::skip_reason;
 use crate::systemd::{unit_name, Systemd};
 use crate::volume::backing_file::open_backing_file;
 use crate::volume::creating_mark::{
@@ -31,7 +31,7 @@ use crate::volume::creating_mark::{
 use crate::volume::gpt_layout;
 use crate::volume::id::VolumeId;
 use crate::volume::kept_mark::kept_for;
-use crate::volume::probe::{expected_content, identifies, probe};
+use crate::volume::probe::{expected_content, ext4_recorded_errors, identifies, probe};
 use crate::volume::size::format_size;
 use crate::volume::spec::Mode;
 
@@ -569,9 +569,10 @@ fn audit_volume(audit: &mut Audit, volume: &Volume) -> Result<()> {
     }
     for fitting in weighed.iter().filter(|c| c.fits()) {
         read_only_pending(audit, volume, fitting.number, &path);
-        if !volume.mode.is_block() {
-            file_system_errors(audit, volume, fitting.number, &path);
-        }
+    }
+    if let (Some(file), false) = (&file, volume.mode.is_block()) {
+        let device = weighed.iter().find(|c| c.fits()).map(|c| c.number);
+        file_system_errors(audit, volume, file, device, &path)?;
     }
     if let Some((keep, extra)) = duplicates(&weighed) {
         let root = audit.root.clone();
@@ -613,7 +614,8 @@ fn audit_volume(audit: &mut Audit, volume: &Volume) -> Result<()> {
     } else if devices.is_empty() && volume.enabled {
         // Booted with the emergency switch: detached on purpose, and
         // attach would refuse it anyway until the next boot.
-        if let Some(skip) = skip_reason(audit.root, &volume.id) {
+        let this_boot = ThisBoot::read(audit.root);
+        if let Some(skip) = this_boot.skips(&volume.id) {
             audit.add(
                 Finding::new(
                     "skipped-by-kernel-cmdline",
@@ -628,10 +630,16 @@ fn audit_volume(audit: &mut Audit, volume: &Volume) -> Result<()> {
             return Ok(());
         }
         let registry = audit.registry;
-        let (severity, why) = why_not_attached(audit.root, &volume.id);
+        let unit = unit_name(&volume.id);
+        let asked = Systemd::connect().and_then(|systemd| systemd.unit_state(&unit));
+        let said = match &asked {
+            Ok(state) => UnitSaid::State(&state.active_state),
+            Err(e) => UnitSaid::Unknown(format!("{e:#}")),
+        };
+        let NotAttached { missed, why } = not_attached(&this_boot, audit.root, &volume.id, said);
         audit.repairable_noting(
             "not-attached",
-            severity,
+            if missed { "error" } else { "warning" },
             Some(volume),
             Some(&path),
             format!("{}: enabled but not attached: {why}", subject(volume)),
@@ -641,43 +649,84 @@ fn audit_volume(audit: &mut Audit, volume: &Volume) -> Result<()> {
     Ok(())
 }
 
-/// A mounted ext4 volume whose file system recorded errors: its data may
-/// be damaged, and writes may already fail (errors=remount-ro). Repairing
-/// it is e2fsck's work on the unmounted file system, never ours.
-fn file_system_errors(audit: &mut Audit, volume: &Volume, number: u32, path: &Path) {
-    let Some(health) = FsHealth::of_mounted(&format!("loop{number}"), &MountTable::read()) else {
-        return;
+/// An ext4 volume whose file system recorded errors: its data may be
+/// damaged, and writes may already fail (errors=remount-ro). Mounted, the
+/// kernel's count is read (sysfs); otherwise the superblock's, which stays
+/// until e2fsck repaired the file system. Repairing it is e2fsck's work on
+/// the unmounted file system, never ours.
+fn file_system_errors(
+    audit: &mut Audit,
+    volume: &Volume,
+    file: &fs::File,
+    device: Option<u32>,
+    path: &Path,
+) -> Result<()> {
+    let mounted =
+        device.and_then(|n| FsHealth::of_mounted(&format!("loop{n}"), &MountTable::read()));
+    let recorded = match mounted.as_ref().and_then(|h| h.errors) {
+        Some(0) => None,
+        Some(count) => Some((
+            count,
+            mounted.as_ref().and_then(|h| h.first_error_time),
+            mounted.as_ref().and_then(|h| h.last_error_time),
+        )),
+        None => ext4_recorded_errors(file)?.map(|e| (u64::from(e.count), e.first, e.last)),
     };
-    let Some(errors) = health.errors.filter(|_| health.has_errors()) else {
-        return;
+    let Some((count, first, last)) = recorded else {
+        return Ok(());
     };
-    let when = match (health.first_error_time, health.last_error_time) {
+    let when = match (first, last) {
         (Some(first), Some(last)) if first != last => {
             format!(" (the first at {}, the last at {})", utc(first), utc(last))
         }
         (_, Some(last)) => format!(" (the last at {})", utc(last)),
         _ => String::new(),
     };
-    let read_only = if health.read_only && !volume.read_only {
-        ", and the kernel has turned it read-only"
+    let errors = if count == 1 {
+        "1 error".to_string()
     } else {
-        ""
+        format!("{count} errors")
     };
-    let points: Vec<String> = health
-        .mount_points
-        .iter()
-        .map(|p| p.display().to_string())
-        .collect();
+    let e2fsck = |target: &str| {
+        format!("`e2fsck -f {target}` at a terminal (it asks before each repair; `-y` repairs without asking)")
+    };
+    let todo = match (&mounted, device) {
+        (Some(health), Some(number)) => {
+            let points: Vec<String> = health
+                .mount_points
+                .iter()
+                .map(|p| p.display().to_string())
+                .collect();
+            let read_only = if health.read_only && !volume.read_only {
+                "; the kernel has turned it read-only"
+            } else {
+                ""
+            };
+            format!(
+                "{read_only}; unmount it ({}), run {} and mount it again",
+                points.join(", "),
+                e2fsck(&format!("/dev/loop{number}"))
+            )
+        }
+        (None, Some(number)) => format!(
+            "; run {} before it is mounted again",
+            e2fsck(&format!("/dev/loop{number}"))
+        ),
+        (_, None) => format!(
+            "; run {} before it is attached and mounted again",
+            e2fsck(&path.display().to_string())
+        ),
+    };
     audit.report(
         "file-system-errors",
         Some(volume),
         Some(path),
         format!(
-            "{}: its ext4 file system recorded {errors} error(s){when}{read_only}; unmount it ({}), run `e2fsck -f /dev/loop{number}` and mount it again",
-            subject(volume),
-            points.join(", ")
+            "{}: its ext4 file system recorded {errors}{when}{todo}",
+            subject(volume)
         ),
     );
+    Ok(())
 }
 
 /// An audit that could not read everything cannot say the node is clean:
@@ -727,73 +776,6 @@ fn subject(volume: &Volume) -> String {
         Some(name) => format!("{name} ({})", volume.id),
         None => volume.id.to_string(),
     }
-}
-
-/// An enabled volume without a device is an error when this boot should
-/// have attached it: its unit failed, runs without a device, or is
-/// inactive although the registry file is older than the boot (a
-/// dependency failed, a condition was not met). Registered or changed
-/// since the boot (a `create` without `--now`), it is a warning: the
-/// next boot attaches it. Without systemd to ask, a warning too.
-fn why_not_attached(root: &SystemRoot, id: &VolumeId) -> (&'static str, String) {
-    let unit = unit_name(id);
-    let Ok(systemd) = Systemd::connect() else {
-        return (
-            "warning",
-            format!(
-                "systemd is not reachable to say why; `sparse-volume attach {id}` attaches it now"
-            ),
-        );
-    };
-    let journal = format!("see `journalctl -b -u {unit}`");
-    match systemd.unit_state(&unit) {
-        Ok(state) if state.is_failed() => ("error", format!("{unit} failed ({journal})")),
-        Ok(state) if state.is_active() => (
-            "error",
-            format!("{unit} is active, but its device is gone (detached by hand?)"),
-        ),
-        Ok(state) if state.is_activating() => (
-            "warning",
-            format!("{unit} is attaching it now"),
-        ),
-        Ok(state) if registered_before_this_boot(root, id) => (
-            "error",
-            format!(
-                "{unit} is {} although this boot should have attached it (a dependency that failed? {journal})",
-                state.active_state
-            ),
-        ),
-        Ok(_) => (
-            "warning",
-            format!("registered or changed since this boot, so not attached yet; the next boot attaches it, or `sparse-volume start {id}` now"),
-        ),
-        Err(e) => (
-            "warning",
-            format!("the state of {unit} is unknown ({e:#}); the next boot attaches it"),
-        ),
-    }
-}
-
-/// Whether the volume's registry file was last written before this boot
-/// began, so that the generator saw it as it is.
-fn registered_before_this_boot(root: &SystemRoot, id: &VolumeId) -> bool {
-    let written = fs::metadata(root.volume_file(id)).and_then(|m| m.modified());
-    match (written, boot_time()) {
-        (Ok(written), Some(boot)) => written < boot,
-        _ => false,
-    }
-}
-
-/// When this boot began: the kernel's `btime` in /proc/stat.
-fn boot_time() -> Option<std::time::SystemTime> {
-    let stat = fs::read_to_string("/proc/stat").ok()?;
-    let seconds: u64 = stat
-        .lines()
-        .find_map(|line| line.strip_prefix("btime "))?
-        .trim()
-        .parse()
-        .ok()?;
-    Some(std::time::UNIX_EPOCH + std::time::Duration::from_secs(seconds))
 }
 
 /// A block volume made before 0.3, whose partition has the name every

@@ -174,6 +174,11 @@ fn exposition(snapshot: &Snapshot) -> String {
         per_volume(&|v| Some(flag(v.enabled))),
     );
     out.gauge(
+        "sparse_volume_attach_missed",
+        "1 when the volume is enabled, not attached, and this boot should have attached it (its unit failed, runs without the device, or is inactive although the volume was registered before the boot); 0 for one created since the boot, skipped by the kernel command line, or whose unit state is unknown.",
+        per_volume(&|v| Some(flag(v.attach_missed))),
+    );
+    out.gauge(
         "sparse_volume_read_only",
         "1 when the volume is attached read-only.",
         per_volume(&|v| Some(flag(v.read_only))),

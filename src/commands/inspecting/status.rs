@@ -42,7 +42,7 @@ fn inspect_one(registry: &Registry, id: &VolumeId) -> Result<StatusReport> {
         volume: inspect(
             root,
             &volume,
-            &KernelView::read(),
+            &KernelView::read(root),
             UnitLookup::ask(systemd.as_ref(), &volume),
         )
         .with_backing_fs(backing_fs_of(&files, &file_systems, &volume)),

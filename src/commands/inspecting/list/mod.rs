@@ -6,6 +6,7 @@
 
 mod cells;
 mod footer;
+pub mod names;
 mod table;
 mod terminal;
 
@@ -96,7 +97,7 @@ pub fn listing(registry: &Registry, wide: bool) -> Result<ListReport> {
         .collect();
     let files = BackingFiles::look(root, &valid);
     let file_systems = backing_file_systems(root, &valid, &files);
-    let kernel = KernelView::read();
+    let kernel = KernelView::read(root);
     let mut volumes = Vec::new();
     let mut volume_warnings = Vec::new();
     let mut unreadable = 0;
