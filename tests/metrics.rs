@@ -698,7 +698,9 @@ fn io_counters_rise_by_what_fio_moved_and_start_again_at_each_attach() {
     assert!(fx.run_ok(&["status", "pg", "--json"]).json()["io"].is_null());
     let status = fx.run_ok(&["status", "pg"]).stdout;
     assert!(
-        status.contains("i/o:      not counted: attached other than by sparse-volume"),
+        status.contains(
+            "i/o:      not counted for this attach: it was made other than by sparse-volume"
+        ),
         "{status}"
     );
     // attach adopts the device and counts from then on.

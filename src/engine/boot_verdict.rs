@@ -77,6 +77,9 @@ pub fn not_attached(
             format!("{name} is active, but its device is gone (detached by hand?)"),
         ),
         UnitSaid::State("activating") => (false, format!("{name} is attaching it now")),
+        UnitSaid::State(state @ ("deactivating" | "reloading")) => {
+            (false, format!("{name} is {state} now"))
+        }
         UnitSaid::State(state) if this_boot.saw_the_volume(root, id) => (
             true,
             format!(

@@ -78,9 +78,9 @@ pub struct VolumeInfo {
     /// Enabled, not attached, and this boot should have attached it (its
     /// unit failed, runs without the device, or is inactive although the
     /// volume was registered before the boot); false for a volume created
-    /// since the boot, skipped by the kernel command line, or whose unit
-    /// state is unknown.
-    pub attach_missed: bool,
+    /// since the boot or skipped by the kernel command line; null when the
+    /// unit's state is unknown.
+    pub attach_missed: Option<bool>,
     /// The file system under the backing file: its free bytes against
     /// what the volumes on it may still grow into (`short` when that is
     /// more than is free); null when it cannot be measured.
@@ -223,10 +223,11 @@ pub fn inspect(
         .first()
         .and_then(|n| io_base::since_attach(root, &volume.id, *n));
     // A block volume's file system, if any, is its consumer's business.
+    // Any device holding the file may be the mounted one.
     let fs_health = devices
-        .first()
+        .iter()
         .filter(|_| !volume.mode.is_block())
-        .and_then(|n| FsHealth::of_mounted(&format!("loop{n}"), &kernel.mounts));
+        .find_map(|n| FsHealth::of_mounted(&format!("loop{n}"), &kernel.mounts));
     let partition = device
         .as_ref()
         .filter(|_| volume.mode.is_block())
@@ -257,13 +258,14 @@ pub fn inspect(
     };
 
     let attach_missed =
-        volume.enabled && device.is_none() && kernel.this_boot.skips(&volume.id).is_none() && {
-            let said = if active_state == UNKNOWN {
-                UnitSaid::Unknown("systemd was not asked".into())
-            } else {
-                UnitSaid::State(&active_state)
-            };
-            not_attached(&kernel.this_boot, root, &volume.id, said).missed
+        if !volume.enabled || device.is_some() || kernel.this_boot.skips(&volume.id).is_some() {
+            Some(false)
+        } else if active_state == UNKNOWN {
+            // Not a "no": without the unit's state nobody can say.
+            None
+        } else {
+            let said = UnitSaid::State(&active_state);
+            Some(not_attached(&kernel.this_boot, root, &volume.id, said).missed)
         };
     let fs_type = volume.mode.fs_type_name();
     VolumeInfo {
@@ -397,7 +399,7 @@ impl VolumeInfo {
             ),
             (None, Some(_)) => row(
                 "i/o:",
-                "not counted: attached other than by sparse-volume (by hand, or by a version that did not count); `sparse-volume attach` counts from now".to_string(),
+                "not counted for this attach: it was made other than by sparse-volume (by hand, or by a version that did not count; `sparse-volume attach` counts from now), or the kernel has no disk sequence numbers (before 5.15)".to_string(),
             ),
             (None, None) => {}
         }

@@ -56,21 +56,25 @@ impl IoCounters {
     }
 
     /// What was counted since `base` was read from the same device; None
-    /// when a counter went down (then `base` is of another device).
+    /// when a request or sector count went down (then `base` is of another
+    /// device). The kernel prints the millisecond fields as 32-bit numbers,
+    /// which wrap after 2^32 ms of summed request time: those are
+    /// subtracted modulo 2^32.
     pub fn since(&self, base: &IoCounters) -> Option<Self> {
+        let ms = |now: u64, then: u64| u64::from((now as u32).wrapping_sub(then as u32));
         Some(Self {
             reads: self.reads.checked_sub(base.reads)?,
             read_bytes: self.read_bytes.checked_sub(base.read_bytes)?,
-            read_time_ms: self.read_time_ms.checked_sub(base.read_time_ms)?,
+            read_time_ms: ms(self.read_time_ms, base.read_time_ms),
             writes: self.writes.checked_sub(base.writes)?,
             written_bytes: self.written_bytes.checked_sub(base.written_bytes)?,
-            write_time_ms: self.write_time_ms.checked_sub(base.write_time_ms)?,
+            write_time_ms: ms(self.write_time_ms, base.write_time_ms),
             discards: self.discards.checked_sub(base.discards)?,
             discarded_bytes: self.discarded_bytes.checked_sub(base.discarded_bytes)?,
-            discard_time_ms: self.discard_time_ms.checked_sub(base.discard_time_ms)?,
+            discard_time_ms: ms(self.discard_time_ms, base.discard_time_ms),
             // Now, not a count.
             in_flight: self.in_flight,
-            io_time_ms: self.io_time_ms.checked_sub(base.io_time_ms)?,
+            io_time_ms: ms(self.io_time_ms, base.io_time_ms),
         })
     }
 
@@ -140,6 +144,14 @@ mod tests {
             (2, 3, 0)
         );
         assert_eq!(base.since(&now), None);
+        // A millisecond field that wrapped at 2^32 still counts forward.
+        let before_wrap =
+            IoCounters::parse("10 0 80 4294967290 20 0 160 7 0 9 0 1 0 8 1 0 0").unwrap();
+        let after_wrap = IoCounters::parse("11 0 88 4 20 0 160 7 0 9 0 1 0 8 1 0 0").unwrap();
+        assert_eq!(
+            after_wrap.since(&before_wrap).map(|c| c.read_time_ms),
+            Some(10)
+        );
     }
 
     #[test]

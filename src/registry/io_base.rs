@@ -6,7 +6,7 @@
 //! device's disk sequence number, which the kernel changes at every attach
 //! and detach, is the one it was taken with.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use crate::kernel::block_stat::{loop_disk_sequence, loop_stat_text, IoCounters};
 use crate::kernel::files::write_atomically;
@@ -36,14 +36,17 @@ pub fn record(root: &SystemRoot, id: &VolumeId, number: u32) {
     let text = format!("loop{number} {sequence}\n{stat}");
     let path = path(root, id);
     if let Err(error) = write_atomically(&path, text.as_bytes(), 0o644) {
-        tracing::debug!("noting the I/O counters in {}: {error:#}", path.display());
+        tracing::warn!(
+            "noting the I/O counters in {}: {error:#}; reports show no I/O for this attach",
+            path.display()
+        );
     }
 }
 
 /// What the volume attached to `/dev/loopN` did since its attach; None
 /// without a base of this very attach.
 pub fn since_attach(root: &SystemRoot, id: &VolumeId, number: u32) -> Option<IoCounters> {
-    let text = std::fs::read_to_string(path(root, id)).ok()?;
+    let text = read_small_file(&path(root, id))?;
     let (head, stat) = text.split_once('\n')?;
     let (device, sequence) = head.split_once(' ')?;
     if device != format!("loop{number}") || sequence.parse().ok() != loop_disk_sequence(number) {
@@ -62,4 +65,22 @@ pub fn forget(root: &SystemRoot, id: &VolumeId) {
         }
         _ => {}
     }
+}
+
+/// The file's text if it is a regular file of at most a page: never
+/// through a link, never blocking on a FIFO planted in its place.
+fn read_small_file(path: &Path) -> Option<String> {
+    use std::io::Read;
+    use std::os::unix::fs::OpenOptionsExt;
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+        .open(path)
+        .ok()?;
+    if !file.metadata().ok()?.is_file() {
+        return None;
+    }
+    let mut text = String::new();
+    file.take(4096).read_to_string(&mut text).ok()?;
+    Some(text)
 }

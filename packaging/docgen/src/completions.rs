@@ -117,7 +117,15 @@ fn bash_with_volumes(script: &str, volumes: &VolumeCommands) -> String {
         {options}) return 0 ;;
     esac
     [[ $cur != -* && $positionals -eq 0 ]] || return 0
-    COMPREPLY=($(compgen -W "$({BIN} list --names 2>/dev/null)" -- "$cur"))
+    # One volume a line: a name may hold spaces or glob characters.
+    local volume
+    local -a volumes
+    mapfile -t volumes < <({BIN} list --names 2>/dev/null)
+    COMPREPLY=()
+    for volume in "${{volumes[@]}}"; do
+        [[ $volume == "$cur"* ]] && COMPREPLY+=("$(printf '%q' "$volume")")
+    done
+    return 0
 }}
 "#,
         options = volumes.options_with_values.join("|"),
@@ -220,7 +228,7 @@ mod tests {
             let stand_in = bin.join(BIN);
             fs::write(
                 &stand_in,
-                "#!/bin/sh\n[ \"$1 $2\" = 'list --names' ] && printf '%s\\n' 6f1c2a8e-3b4d-4e5f-8a9b-0c1d2e3f4a5b pg-data\n",
+                "#!/bin/sh\n[ \"$1 $2\" = 'list --names' ] && printf '%s\\n' 6f1c2a8e-3b4d-4e5f-8a9b-0c1d2e3f4a5b pg-data 'db *main*'\n",
             )
             .unwrap();
             fs::set_permissions(&stand_in, fs::Permissions::from_mode(0o755)).unwrap();
@@ -316,7 +324,11 @@ mod tests {
     #[test]
     fn bash_offers_the_volumes_where_a_command_takes_one() {
         let scripts = Scripts::new();
-        let both = ["6f1c2a8e-3b4d-4e5f-8a9b-0c1d2e3f4a5b", "pg-data"];
+        let both = [
+            "6f1c2a8e-3b4d-4e5f-8a9b-0c1d2e3f4a5b",
+            "db\\ \\*main\\*",
+            "pg-data",
+        ];
         for words in [
             &["sparse-volume", "status", ""][..],
             &["sparse-volume", "--json", "remove", "--delete-data", ""],
@@ -439,7 +451,11 @@ mod tests {
             eprintln!("skipped: fish is not installed");
             return;
         };
-        let both = sorted(&["6f1c2a8e-3b4d-4e5f-8a9b-0c1d2e3f4a5b", "pg-data"]);
+        let both = sorted(&[
+            "6f1c2a8e-3b4d-4e5f-8a9b-0c1d2e3f4a5b",
+            "db *main*",
+            "pg-data",
+        ]);
         assert_eq!(offered, both);
         assert_eq!(
             fish(&scripts, "sparse-volume resize --size 2G ").unwrap(),

@@ -571,8 +571,7 @@ fn audit_volume(audit: &mut Audit, volume: &Volume) -> Result<()> {
         read_only_pending(audit, volume, fitting.number, &path);
     }
     if let (Some(file), false) = (&file, volume.mode.is_block()) {
-        let device = weighed.iter().find(|c| c.fits()).map(|c| c.number);
-        file_system_errors(audit, volume, file, device, &path)?;
+        file_system_errors(audit, volume, file, &devices, &path)?;
     }
     if let Some((keep, extra)) = duplicates(&weighed) {
         let root = audit.root.clone();
@@ -658,18 +657,20 @@ fn file_system_errors(
     audit: &mut Audit,
     volume: &Volume,
     file: &fs::File,
-    device: Option<u32>,
+    devices: &[u32],
     path: &Path,
 ) -> Result<()> {
-    let mounted =
-        device.and_then(|n| FsHealth::of_mounted(&format!("loop{n}"), &MountTable::read()));
-    let recorded = match mounted.as_ref().and_then(|h| h.errors) {
+    // Mounted through any device that holds the file (a duplicate may be
+    // the mounted one): that mount's count, and that device's name.
+    let mounts = MountTable::read();
+    let mounted = devices
+        .iter()
+        .find_map(|&n| FsHealth::of_mounted(&format!("loop{n}"), &mounts).map(|h| (n, h)));
+    let recorded = match mounted.as_ref().and_then(|(_, h)| h.errors) {
         Some(0) => None,
-        Some(count) => Some((
-            count,
-            mounted.as_ref().and_then(|h| h.first_error_time),
-            mounted.as_ref().and_then(|h| h.last_error_time),
-        )),
+        Some(count) => mounted
+            .as_ref()
+            .map(|(_, h)| (count, h.first_error_time, h.last_error_time)),
         None => ext4_recorded_errors(file)?.map(|e| (u64::from(e.count), e.first, e.last)),
     };
     let Some((count, first, last)) = recorded else {
@@ -690,32 +691,45 @@ fn file_system_errors(
     let e2fsck = |target: &str| {
         format!("`e2fsck -f {target}` at a terminal (it asks before each repair; `-y` repairs without asking)")
     };
-    let todo = match (&mounted, device) {
-        (Some(health), Some(number)) => {
-            let points: Vec<String> = health
-                .mount_points
-                .iter()
-                .map(|p| p.display().to_string())
-                .collect();
-            let read_only = if health.read_only && !volume.read_only {
-                "; the kernel has turned it read-only"
-            } else {
-                ""
-            };
-            format!(
-                "{read_only}; unmount it ({}), run {} and mount it again",
-                points.join(", "),
+    let unmount = |health: &FsHealth| {
+        let points: Vec<String> = health
+            .mount_points
+            .iter()
+            .map(|p| p.display().to_string())
+            .collect();
+        let read_only = if health.read_only && !volume.read_only {
+            "; the kernel has turned it read-only"
+        } else {
+            ""
+        };
+        format!("{read_only}; unmount it ({})", points.join(", "))
+    };
+    // e2fsck only on the one device that holds the file, never beside a
+    // second one it cannot see (one may be mounted), and never on a file
+    // that is meant to stay as it is.
+    let todo = if volume.read_only {
+        "; the volume is read-only, so nothing here may repair it: repair the file system it was copied from, or make it writable (`sparse-volume apply --read-only false`) and run e2fsck on it".to_string()
+    } else {
+        match (&mounted, devices) {
+            (Some((number, health)), [_]) => format!(
+                "{}, run {} and mount it again",
+                unmount(health),
                 e2fsck(&format!("/dev/loop{number}"))
-            )
+            ),
+            (Some((_, health)), _) => format!(
+                "{} and, once one device alone holds the file (see the other findings), run `e2fsck -f` on it",
+                unmount(health)
+            ),
+            (None, []) => format!(
+                "; run {} before it is attached and mounted again",
+                e2fsck(&path.display().to_string())
+            ),
+            (None, [number]) => format!(
+                "; run {} before it is mounted again",
+                e2fsck(&format!("/dev/loop{number}"))
+            ),
+            (None, _) => "; once one device alone holds the file (see the other findings), run `e2fsck -f` on it before it is mounted again".to_string(),
         }
-        (None, Some(number)) => format!(
-            "; run {} before it is mounted again",
-            e2fsck(&format!("/dev/loop{number}"))
-        ),
-        (_, None) => format!(
-            "; run {} before it is attached and mounted again",
-            e2fsck(&path.display().to_string())
-        ),
     };
     audit.report(
         "file-system-errors",

@@ -175,8 +175,8 @@ fn exposition(snapshot: &Snapshot) -> String {
     );
     out.gauge(
         "sparse_volume_attach_missed",
-        "1 when the volume is enabled, not attached, and this boot should have attached it (its unit failed, runs without the device, or is inactive although the volume was registered before the boot); 0 for one created since the boot, skipped by the kernel command line, or whose unit state is unknown.",
-        per_volume(&|v| Some(flag(v.attach_missed))),
+        "1 when the volume is enabled, not attached, and this boot should have attached it (its unit failed, runs without the device, or is inactive although the volume was registered before the boot); 0 for one created since the boot or skipped by the kernel command line; absent when systemd cannot be asked.",
+        per_volume(&|v| v.attach_missed.map(flag)),
     );
     out.gauge(
         "sparse_volume_read_only",

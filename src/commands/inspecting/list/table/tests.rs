@@ -93,7 +93,7 @@ fn volume(spec: Spec) -> VolumeInfo {
         }
         .to_string(),
         unit_result: Some("success".to_string()),
-        attach_missed: false,
+        attach_missed: Some(false),
         backing_fs: Some(std::sync::Arc::new(BackingFs {
             directory: PathBuf::from(directory),
             free: if spec.fast { 2 * G } else { 412 * G },
