@@ -28,21 +28,26 @@ LOOP_CTL_ADD = 0x4C80
 LOOP_CTL_REMOVE = 0x4C81
 
 
+def write_entry(directory, volume):
+    """An enabled ext4 volume of 1 GiB in the default storage root."""
+    with open(os.path.join(directory, volume + ".toml"), "w") as entry:
+        entry.write(
+            f'uuid = "{volume}"\n'
+            f'path = "/var/lib/sparse-volume/{volume}"\n'
+            "size = 1073741824\n"
+            'mode = "filesystem"\n'
+            'fs_type = "ext4"\n'
+            "enabled = true\n"
+        )
+
+
 def registry(root, fstab, count):
     volumes = os.path.join(root, "etc/sparse-volume/volumes.d")
     os.makedirs(volumes, exist_ok=True)
     with open(fstab, "w") as table, open(fstab + ".nofail", "w") as nofail:
         for index in range(count):
             volume = str(uuid.uuid4())
-            with open(os.path.join(volumes, volume + ".toml"), "w") as entry:
-                entry.write(
-                    f'uuid = "{volume}"\n'
-                    f'path = "/var/lib/sparse-volume/{volume}"\n'
-                    "size = 1073741824\n"
-                    'mode = "filesystem"\n'
-                    'fs_type = "ext4"\n'
-                    "enabled = true\n"
-                )
+            write_entry(volumes, volume)
             table.write(f"UUID={volume} /srv/volume{index} ext4 defaults 0 2\n")
             nofail.write(f"UUID={volume} /srv/volume{index} ext4 defaults,nofail 0 2\n")
 
@@ -57,15 +62,7 @@ def volumes(root, count):
         backing = os.path.join(storage, volume)
         with open(backing, "w") as file:
             file.truncate(1 << 30)
-        with open(os.path.join(entries, volume + ".toml"), "w") as entry:
-            entry.write(
-                f'uuid = "{volume}"\n'
-                f'path = "/var/lib/sparse-volume/{volume}"\n'
-                "size = 1073741824\n"
-                'mode = "filesystem"\n'
-                'fs_type = "ext4"\n'
-                "enabled = true\n"
-            )
+        write_entry(entries, volume)
         print(backing)
 
 

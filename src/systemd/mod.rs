@@ -22,6 +22,8 @@ mod client;
 mod proxy;
 #[cfg(feature = "dbus")]
 pub use client::Systemd;
+#[cfg(feature = "dbus")]
+pub use proxy::ListedUnit;
 
 #[cfg(not(feature = "dbus"))]
 mod without_dbus;

@@ -10,7 +10,7 @@ use sparse_volume::registry::paths::SystemRoot;
 use sparse_volume::registry::Registry;
 use sparse_volume::systemd::kernel_cmdline::skip_reason;
 use sparse_volume::systemd::unit::VOLUMES_TARGET;
-use sparse_volume::systemd::unit_name;
+use sparse_volume::systemd::{unit_name, ListedUnit};
 use zbus::object_server::SignalEmitter;
 use zbus::zvariant::{ObjectPath, OwnedObjectPath};
 use zbus::{connection, interface, Connection, ObjectServer};
@@ -127,20 +127,6 @@ fn unit_path(name: &str) -> OwnedObjectPath {
     }
     OwnedObjectPath::try_from(path).expect("a valid object path")
 }
-
-/// A row of `ListUnitsByPatterns`.
-type ListedUnit = (
-    String,
-    String,
-    String,
-    String,
-    String,
-    String,
-    OwnedObjectPath,
-    u32,
-    String,
-    OwnedObjectPath,
-);
 
 /// fnmatch(3) for patterns whose only special character is `*`.
 fn glob_matches(pattern: &str, name: &str) -> bool {

@@ -127,6 +127,10 @@ struct Audit<'a> {
     findings: Vec<Finding>,
     /// What an audit without root could not read, said once at the end.
     unseen: Vec<(String, VolumeId)>,
+    /// This boot's start and command line, and the mount table: read once
+    /// for every volume.
+    this_boot: ThisBoot,
+    mounts: MountTable,
 }
 
 impl Audit<'_> {
@@ -213,6 +217,8 @@ fn audit(registry: &Registry, repair: bool) -> Result<CheckReport> {
         repair,
         findings: Vec::new(),
         unseen: Vec::new(),
+        this_boot: ThisBoot::read(root),
+        mounts: MountTable::read(),
     };
 
     if let Some(problem) = registry.config_problem() {
@@ -613,8 +619,7 @@ fn audit_volume(audit: &mut Audit, volume: &Volume) -> Result<()> {
     } else if devices.is_empty() && volume.enabled {
         // Booted with the emergency switch: detached on purpose, and
         // attach would refuse it anyway until the next boot.
-        let this_boot = ThisBoot::read(audit.root);
-        if let Some(skip) = this_boot.skips(&volume.id) {
+        if let Some(skip) = audit.this_boot.skips(&volume.id) {
             audit.add(
                 Finding::new(
                     "skipped-by-kernel-cmdline",
@@ -635,7 +640,8 @@ fn audit_volume(audit: &mut Audit, volume: &Volume) -> Result<()> {
             Ok(state) => UnitSaid::State(&state.active_state),
             Err(e) => UnitSaid::Unknown(format!("{e:#}")),
         };
-        let NotAttached { missed, why } = not_attached(&this_boot, audit.root, &volume.id, said);
+        let NotAttached { missed, why } =
+            not_attached(&audit.this_boot, audit.root, &volume.id, said);
         audit.repairable_noting(
             "not-attached",
             if missed { "error" } else { "warning" },
@@ -662,10 +668,9 @@ fn file_system_errors(
 ) -> Result<()> {
     // Mounted through any device that holds the file (a duplicate may be
     // the mounted one): that mount's count, and that device's name.
-    let mounts = MountTable::read();
     let mounted = devices
         .iter()
-        .find_map(|&n| FsHealth::of_mounted(&format!("loop{n}"), &mounts).map(|h| (n, h)));
+        .find_map(|&n| FsHealth::of_mounted(&format!("loop{n}"), &audit.mounts).map(|h| (n, h)));
     let recorded = match mounted.as_ref().and_then(|(_, h)| h.errors) {
         Some(0) => None,
         Some(count) => mounted

@@ -428,16 +428,7 @@ fn bound_devices_in_sysfs() -> Result<Vec<u32>> {
 /// The status of every bound loop device. Devices that vanish or unbind
 /// while we look are skipped: the answer is a snapshot either way.
 pub fn bound_statuses() -> Result<Vec<(u32, LoopStatus)>> {
-    let mut found = Vec::new();
-    for number in bound_devices()? {
-        let Ok(device) = LoopDevice::open(number, false) else {
-            continue;
-        };
-        if let Ok(Some(status)) = device.status() {
-            found.push((number, status));
-        }
-    }
-    Ok(found)
+    Ok(BoundLoops::read()?.statuses)
 }
 
 /// The bound devices whose backing file is `backing` (device + inode), in
