@@ -885,3 +885,118 @@ tests:
     drop(mounted);
     fx.run_ok(&["detach", "pg"]);
 }
+
+/// A file system the kernel shut down after an error, as xfs does where
+/// ext4 would turn read-only: made here with the shutdown ioctl that
+/// xfstests uses (xfs_io's `shutdown`; ext4 answers the same ioctl).
+#[test]
+fn a_shut_down_file_system_shows_in_metrics_check_and_status_and_fires_the_alert() {
+    needs_root!();
+    let fx = Fixture::new();
+    for (fs_type, size, repair) in [
+        ("xfs", "320M", "xfs_repair -n /dev/"),
+        ("ext4", "64M", "e2fsck -f /dev/"),
+    ] {
+        let made = fx.run_ok(&[
+            "create", "--size", size, "--fs", fs_type, "--name", fs_type, "--now", "--json",
+        ]);
+        let uuid = made.json()["uuid"].as_str().unwrap().to_string();
+        let device = made.json()["device"].as_str().unwrap().to_string();
+        let _detach = common::DetachOnDrop(device.clone());
+        let label = Some(("uuid", uuid.as_str()));
+
+        let mounted = Mounted::new(&fx, &device, &[]).expect("mounting");
+        let mut data = fs::File::create(mounted.0.join("data")).unwrap();
+        data.write_all(b"kept").unwrap();
+        data.sync_all().unwrap();
+        drop(data);
+        let healthy = parse(&fx.run_ok(&["metrics"]).stdout);
+        assert_eq!(must(&healthy, "sparse_volume_fs_shut_down", label), 0);
+
+        tool(
+            "xfs_io",
+            &["-x", "-c", "shutdown -f", mounted.0.to_str().unwrap()],
+        );
+        let text = fx.run_ok(&["metrics"]).stdout;
+        assert_eq!(lint(&text), "", "promtool check metrics");
+        let samples = parse(&text);
+        assert_eq!(
+            must(&samples, "sparse_volume_fs_shut_down", label),
+            1,
+            "{fs_type}: {text}"
+        );
+
+        let check = fx.run(&["check", "--json"]);
+        assert_eq!(check.code, 1, "{fs_type}: {}", check.stdout);
+        let report = check.json();
+        let finding = report["findings"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|f| f["kind"] == "file-system-shut-down" && f["uuid"] == uuid.as_str())
+            .unwrap_or_else(|| panic!("{fs_type}: no file-system-shut-down finding: {report}"))
+            .clone();
+        assert_eq!(finding["severity"], "error");
+        let message = finding["message"].as_str().unwrap();
+        assert!(
+            message.contains(mounted.0.to_str().unwrap()) && message.contains(repair),
+            "{fs_type}: {message}"
+        );
+        let status = fx.run_ok(&["status", fs_type]).stdout;
+        assert!(status.contains("shut down after an error"), "{status}");
+        assert_eq!(
+            fx.run_ok(&["status", fs_type, "--json"]).json()["fs_health"]["shut_down"],
+            true
+        );
+
+        // Unmounted and mounted again (xfs replays its log then), it is
+        // healthy, and what was synced before the shutdown is there.
+        drop(mounted);
+        let mounted = Mounted::new(&fx, &device, &[]).expect("mounting again");
+        assert_eq!(fs::read(mounted.0.join("data")).unwrap(), b"kept");
+        let samples = parse(&fx.run_ok(&["metrics"]).stdout);
+        assert_eq!(must(&samples, "sparse_volume_fs_shut_down", label), 0);
+        drop(mounted);
+        fx.run_ok(&["detach", fs_type]);
+    }
+
+    let rules =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("packaging/prometheus/sparse-volume-alerts.yml");
+    let test = fx.host("/alert-test.yml");
+    fs::write(
+        &test,
+        format!(
+            r#"rule_files: ["{rules}"]
+evaluation_interval: 1m
+tests:
+  - interval: 1m
+    input_series:
+      - series: 'sparse_volume_fs_shut_down{{instance="n1",uuid="u1",name="logs",mode="filesystem"}}'
+        values: '0 1x10'
+      - series: 'sparse_volume_fs_shut_down{{instance="n1",uuid="u2",name="ok",mode="filesystem"}}'
+        values: '0x10'
+    alert_rule_test:
+      - eval_time: 2m
+        alertname: SparseVolumeFilesystemShutDown
+        exp_alerts:
+          - exp_labels: {{severity: critical, instance: n1, uuid: u1, name: logs, mode: filesystem}}
+            exp_annotations:
+              summary: "The file system of sparse volume u1 is shut down"
+              description: "n1: the kernel shut the file system of volume u1 (logs) down after an error: every access to it fails; `sparse-volume check` says how to unmount and repair it."
+"#,
+            rules = rules.display()
+        ),
+    )
+    .unwrap();
+    let promtool = Command::new("promtool")
+        .args(["test", "rules"])
+        .arg(&test)
+        .output()
+        .unwrap();
+    assert!(
+        promtool.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&promtool.stdout),
+        String::from_utf8_lossy(&promtool.stderr)
+    );
+}

@@ -444,7 +444,9 @@ fn describe_fs_health(health: &FsHealth) -> String {
         .map(|p| p.display().to_string())
         .collect();
     let mut text = format!("on {}", points.join(", "));
-    if health.read_only {
+    if health.shut_down {
+        text.push_str(", shut down after an error: every access fails (`sparse-volume check` says what to do)");
+    } else if health.read_only {
         text.push_str(", read-only");
     }
     let errors = |n: u64| match n {

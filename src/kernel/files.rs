@@ -16,6 +16,17 @@ use nix::fcntl::{openat, Flock, FlockArg, OFlag};
 /// the old file or the new one, never a mix: write a temporary file in the
 /// same directory, fsync it, rename it over the target, fsync the directory.
 pub fn write_atomically(path: &Path, contents: &[u8], mode: u32) -> Result<()> {
+    replace(path, contents, mode, true)
+}
+
+/// [`write_atomically`] for files under /run, which a reboot removes
+/// anyway: readers see the old file or the new one, and nothing is
+/// forced to disk (the unit writes one at every attach).
+pub fn replace_for_readers(path: &Path, contents: &[u8], mode: u32) -> Result<()> {
+    replace(path, contents, mode, false)
+}
+
+fn replace(path: &Path, contents: &[u8], mode: u32, durable: bool) -> Result<()> {
     let dir = parent_dir(path)?;
     // Hidden temporary name: registry readers skip dot files, and `check`
     // can recognise leftovers of an interrupted write.
@@ -28,12 +39,18 @@ pub fn write_atomically(path: &Path, contents: &[u8], mode: u32) -> Result<()> {
         .set_permissions(fs::Permissions::from_mode(mode))
         .with_context(|| format!("setting the mode of a temporary file in {}", dir.display()))?;
     temp.write_all(contents)
-        .and_then(|()| temp.as_file().sync_all())
+        .and_then(|()| match durable {
+            true => temp.as_file().sync_all(),
+            false => Ok(()),
+        })
         .with_context(|| format!("writing a temporary file in {}", dir.display()))?;
     temp.persist(path)
         .map_err(|e| e.error)
         .with_context(|| format!("renaming a temporary file to {}", path.display()))?;
-    sync_dir(dir)
+    if durable {
+        sync_dir(dir)?;
+    }
+    Ok(())
 }
 
 /// Creates `relative` (which must not exist) in the directory open as
@@ -248,18 +265,21 @@ mod tests {
 
     #[test]
     fn atomic_write_replaces_and_leaves_no_temporary_file() {
-        let dir = tempfile::tempdir().unwrap();
-        let target = dir.path().join("v.toml");
-        write_atomically(&target, b"one", 0o644).unwrap();
-        write_atomically(&target, b"two", 0o600).unwrap();
-        assert_eq!(fs::read(&target).unwrap(), b"two");
-        let mode = fs::metadata(&target).unwrap().permissions().mode() & 0o777;
-        assert_eq!(mode, 0o600);
-        let names: Vec<_> = fs::read_dir(dir.path())
-            .unwrap()
-            .map(|e| e.unwrap().file_name())
-            .collect();
-        assert_eq!(names, vec![std::ffi::OsString::from("v.toml")]);
+        type Write = fn(&Path, &[u8], u32) -> Result<()>;
+        for write in [write_atomically as Write, replace_for_readers] {
+            let dir = tempfile::tempdir().unwrap();
+            let target = dir.path().join("v.toml");
+            write(&target, b"one", 0o644).unwrap();
+            write(&target, b"two", 0o600).unwrap();
+            assert_eq!(fs::read(&target).unwrap(), b"two");
+            let mode = fs::metadata(&target).unwrap().permissions().mode() & 0o777;
+            assert_eq!(mode, 0o600);
+            let names: Vec<_> = fs::read_dir(dir.path())
+                .unwrap()
+                .map(|e| e.unwrap().file_name())
+                .collect();
+            assert_eq!(names, vec![std::ffi::OsString::from("v.toml")]);
+        }
     }
 
     #[test]

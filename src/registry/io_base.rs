@@ -1,7 +1,7 @@
 //! The I/O counters of a volume's loop device at its attach
 //! (`/run/sparse-volume/<uuid>.io-base`), so that reports count what the
 //! volume did since: the kernel counts from the device's creation, and
-//! loop devices are reused attach after attach. Written whole (atomically)
+//! loop devices are reused attach after attach. Replaced whole (atomically)
 //! by attach, readable by anyone; a reader believes it only while the
 //! device's disk sequence number, which the kernel changes at every attach
 //! and detach, is the one it was taken with.
@@ -9,7 +9,7 @@
 use std::path::{Path, PathBuf};
 
 use crate::kernel::block_stat::{loop_disk_sequence, loop_stat_text, IoCounters};
-use crate::kernel::files::write_atomically;
+use crate::kernel::files::replace_for_readers;
 use crate::registry::paths::SystemRoot;
 use crate::volume::id::VolumeId;
 
@@ -35,7 +35,7 @@ pub fn record(root: &SystemRoot, id: &VolumeId, number: u32) {
     };
     let text = format!("loop{number} {sequence}\n{stat}");
     let path = path(root, id);
-    if let Err(error) = write_atomically(&path, text.as_bytes(), 0o644) {
+    if let Err(error) = replace_for_readers(&path, text.as_bytes(), 0o644) {
         tracing::warn!(
             "noting the I/O counters in {}: {error:#}; reports show no I/O for this attach",
             path.display()

@@ -1243,7 +1243,8 @@ metrics() {
     [[ -n $(metric "sparse_volume_written_bytes_total$labels") ]] ||
         fail "the textfile has no I/O series for the attached $EXT4: $(grep "$EXT4" "$TEXTFILE" || true)"
     if findmnt --source "UUID=$EXT4" >/dev/null; then
-        [[ $(metric "sparse_volume_fs_errors$labels") == 0 && $(metric "sparse_volume_fs_read_only$labels") == 0 ]] ||
+        [[ $(metric "sparse_volume_fs_errors$labels") == 0 && $(metric "sparse_volume_fs_read_only$labels") == 0 &&
+            $(metric "sparse_volume_fs_shut_down$labels") == 0 ]] ||
             fail "the mounted $EXT4 has no healthy file-system series: $(grep "fs_.*$EXT4" "$TEXTFILE" || true)"
     fi
     headroom=$(metric "sparse_volume_backing_fs_headroom_bytes{$root}")

@@ -16,9 +16,8 @@ use crate::engine::attach::{unfit_message, unfit_reasons};
 use crate::engine::boot_verdict::{not_attached, NotAttached, ThisBoot, UnitSaid};
 use crate::engine::capacity::{self, BackingFs};
 use crate::engine::detach::{detach_device_or_leave_it, recovery_hint};
-use crate::engine::inspect::utc;
 use crate::hooks::{self, Stop};
-use crate::kernel::fs_health::{FsHealth, MountTable};
+use crate::kernel::fs_health::MountTable;
 use crate::kernel::holders::users_of_loop;
 use crate::kernel::loop_device::{self, LoopDevice};
 use crate::registry::paths::SystemRoot;
@@ -31,10 +30,11 @@ use crate::volume::creating_mark::{
 use crate::volume::gpt_layout;
 use crate::volume::id::VolumeId;
 use crate::volume::kept_mark::kept_for;
-use crate::volume::probe::{expected_content, ext4_recorded_errors, identifies, probe};
+use crate::volume::probe::{expected_content, identifies, probe};
 use crate::volume::size::format_size;
 use crate::volume::spec::Mode;
 
+mod file_system;
 mod last_check;
 mod leftover_nodes;
 mod preallocation;
@@ -577,7 +577,8 @@ fn audit_volume(audit: &mut Audit, volume: &Volume) -> Result<()> {
         read_only_pending(audit, volume, fitting.number, &path);
     }
     if let (Some(file), false) = (&file, volume.mode.is_block()) {
-        file_system_errors(audit, volume, file, &devices, &path)?;
+        file_system::file_system_errors(audit, volume, file, &devices, &path)?;
+        file_system::file_system_shut_down(audit, volume, &devices, &path);
     }
     if let Some((keep, extra)) = duplicates(&weighed) {
         let root = audit.root.clone();
@@ -651,100 +652,6 @@ fn audit_volume(audit: &mut Audit, volume: &Volume) -> Result<()> {
             || bring_up_now(registry, &volume.id, false).map(|activation| activation.how),
         );
     }
-    Ok(())
-}
-
-/// An ext4 volume whose file system recorded errors: its data may be
-/// damaged, and writes may already fail (errors=remount-ro). Mounted, the
-/// kernel's count is read (sysfs); otherwise the superblock's, which stays
-/// until e2fsck repaired the file system. Repairing it is e2fsck's work on
-/// the unmounted file system, never ours.
-fn file_system_errors(
-    audit: &mut Audit,
-    volume: &Volume,
-    file: &fs::File,
-    devices: &[u32],
-    path: &Path,
-) -> Result<()> {
-    // Mounted through any device that holds the file (a duplicate may be
-    // the mounted one): that mount's count, and that device's name.
-    let mounted = devices
-        .iter()
-        .find_map(|&n| FsHealth::of_mounted(&format!("loop{n}"), &audit.mounts).map(|h| (n, h)));
-    let recorded = match mounted.as_ref().and_then(|(_, h)| h.errors) {
-        Some(0) => None,
-        Some(count) => mounted
-            .as_ref()
-            .map(|(_, h)| (count, h.first_error_time, h.last_error_time)),
-        None => ext4_recorded_errors(file)?.map(|e| (u64::from(e.count), e.first, e.last)),
-    };
-    let Some((count, first, last)) = recorded else {
-        return Ok(());
-    };
-    let when = match (first, last) {
-        (Some(first), Some(last)) if first != last => {
-            format!(" (the first at {}, the last at {})", utc(first), utc(last))
-        }
-        (_, Some(last)) => format!(" (the last at {})", utc(last)),
-        _ => String::new(),
-    };
-    let errors = if count == 1 {
-        "1 error".to_string()
-    } else {
-        format!("{count} errors")
-    };
-    let e2fsck = |target: &str| {
-        format!("`e2fsck -f {target}` at a terminal (it asks before each repair; `-y` repairs without asking)")
-    };
-    let unmount = |health: &FsHealth| {
-        let points: Vec<String> = health
-            .mount_points
-            .iter()
-            .map(|p| p.display().to_string())
-            .collect();
-        let read_only = if health.read_only && !volume.read_only {
-            "; the kernel has turned it read-only"
-        } else {
-            ""
-        };
-        format!("{read_only}; unmount it ({})", points.join(", "))
-    };
-    // e2fsck only on the one device that holds the file, never beside a
-    // second one it cannot see (one may be mounted), and never on a file
-    // that is meant to stay as it is.
-    let todo = if volume.read_only {
-        "; the volume is read-only, so nothing here may repair it: repair the file system it was copied from, or make it writable (`sparse-volume apply --read-only false`) and run e2fsck on it".to_string()
-    } else {
-        match (&mounted, devices) {
-            (Some((number, health)), [_]) => format!(
-                "{}, run {} and mount it again",
-                unmount(health),
-                e2fsck(&format!("/dev/loop{number}"))
-            ),
-            (Some((_, health)), _) => format!(
-                "{} and, once one device alone holds the file (see the other findings), run `e2fsck -f` on it",
-                unmount(health)
-            ),
-            (None, []) => format!(
-                "; run {} before it is attached and mounted again",
-                e2fsck(&path.display().to_string())
-            ),
-            (None, [number]) => format!(
-                "; run {} before it is mounted again",
-                e2fsck(&format!("/dev/loop{number}"))
-            ),
-            (None, _) => "; once one device alone holds the file (see the other findings), run `e2fsck -f` on it before it is mounted again".to_string(),
-        }
-    };
-    audit.report(
-        "file-system-errors",
-        Some(volume),
-        Some(path),
-        format!(
-            "{}: its ext4 file system recorded {errors}{when}{todo}",
-            subject(volume)
-        ),
-    );
     Ok(())
 }
 

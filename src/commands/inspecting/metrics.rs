@@ -21,7 +21,7 @@ use crate::commands::report::{Failure, Outcome, Report};
 use crate::engine::capacity::StorageRootUsage;
 use crate::engine::inspect::VolumeInfo;
 use crate::kernel::block_stat::IoCounters;
-use crate::kernel::files::write_atomically;
+use crate::kernel::files::{replace_for_readers, write_atomically};
 use crate::registry::paths::SystemRoot;
 use crate::registry::run_dir;
 use crate::registry::Registry;
@@ -130,7 +130,7 @@ fn log_pressure_crossings(root: &SystemRoot, usages: &[StorageRootUsage]) -> Vec
         .iter()
         .map(|u| format!("{}\n", u.storage_root.display()))
         .collect();
-    if let Err(e) = write_atomically(&state_file, text.as_bytes(), 0o644) {
+    if let Err(e) = replace_for_readers(&state_file, text.as_bytes(), 0o644) {
         tracing::debug!("cannot remember space pressure: {e:#}");
     }
     now.iter().map(|u| u.storage_root.clone()).collect()
@@ -196,6 +196,11 @@ fn exposition(snapshot: &Snapshot) -> String {
         "sparse_volume_fs_read_only",
         "1 when the volume's mounted file system is read-only (mounted so, or turned read-only after an error); mounted filesystem volumes only.",
         per_volume(&|v| v.fs_health.as_ref().map(|h| flag(h.read_only))),
+    );
+    out.gauge(
+        "sparse_volume_fs_shut_down",
+        "1 when the kernel shut the volume's mounted file system down after an error (xfs does so where ext4 turns read-only): every access to it fails until it is unmounted; mounted filesystem volumes only.",
+        per_volume(&|v| v.fs_health.as_ref().map(|h| flag(h.shut_down))),
     );
     out.gauge(
         "sparse_volume_fs_errors",
