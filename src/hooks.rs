@@ -59,6 +59,13 @@ points! {
         ResizeBeforeRegistry => "resize:before-registry",
         RemoveAfterDetach => "remove:after-detach",
         RemoveBeforeRegistry => "remove:before-registry",
+        /// The source's file system is frozen for the copy.
+        CloneWhileFrozen => "clone:while-frozen",
+        /// The copy holds the source's identity still.
+        CloneAfterCopy => "clone:after-copy",
+        CloneBeforeRename => "clone:before-rename",
+        CloneBeforeRegistry => "clone:before-registry",
+        CloneBeforeUnmark => "clone:before-unmark",
     }
 }
 

@@ -14,7 +14,7 @@ use sparse_volume::cli::usage::usage_error;
 use sparse_volume::cli::warnings::registry_warnings;
 use sparse_volume::commands::inspecting::{check, list, metrics, pv, status};
 use sparse_volume::commands::provisioning::remove::RemoveReport;
-use sparse_volume::commands::provisioning::{apply, create, register, remove, resize};
+use sparse_volume::commands::provisioning::{apply, clone, create, register, remove, resize};
 use sparse_volume::commands::running::{attach, detach, enable, start};
 use sparse_volume::registry::paths::SystemRoot;
 use sparse_volume::registry::{NoSuchVolume, Registry, ResolvedBy};
@@ -97,6 +97,7 @@ fn run(
             Ok(request) => out.emit(create::create(registry, &request)),
             Err(message) => out.usage(&message),
         },
+        Command::Clone(args) => out.emit(clone::clone(registry, &args.request(id(), dry_run))),
         Command::Register(args) => match args.request(dry_run) {
             Ok(request) => out.emit(register::register(registry, &request)),
             Err(message) => out.usage(&message),

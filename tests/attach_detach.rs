@@ -872,7 +872,7 @@ fn attach_refuses_a_device_that_does_not_hold_the_volume_as_registered() {
         let uuid = new_uuid();
         fx.run_ok(&["create", "--size", "16M", "--uuid", &uuid]);
         let backing = fx.backing(&uuid);
-        let by_hand = common::DetachOnDrop(bound_by_hand(&backing, losetup_args));
+        let by_hand = common::DetachOnDrop::new(bound_by_hand(&backing, losetup_args));
 
         for command in [&["attach", &uuid][..], &["attach", &uuid, "--dry-run"][..]] {
             let refused = fx.run(command);
@@ -880,13 +880,17 @@ fn attach_refuses_a_device_that_does_not_hold_the_volume_as_registered() {
             assert_eq!(refused.code, 1, "{how} {command:?}: {}", refused.stdout);
             assert_eq!(stderr.lines().count(), 1, "{how}: {stderr}");
             assert!(
-                stderr.contains(&by_hand.0)
+                stderr.contains(by_hand.device())
                     && stderr.contains(says)
                     && stderr.contains("losetup -d"),
                 "{how}: {stderr}"
             );
         }
-        assert_eq!(loops_of(&backing), vec![by_hand.0.clone()], "{how}");
+        assert_eq!(
+            loops_of(&backing),
+            vec![by_hand.device().to_string()],
+            "{how}"
+        );
         drop(by_hand);
         fx.run_ok(&["attach", &uuid]);
         assert_eq!(loops_of(&backing).len(), 1, "{how}");

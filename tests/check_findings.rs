@@ -813,13 +813,13 @@ fn a_duplicate_repair_decides_again_under_the_volume_lock() {
     fs::create_dir_all(filler.parent().unwrap()).unwrap();
     fx.sparse_file(&filler);
     tool("losetup", &[&first, filler.to_str().unwrap()]);
-    let _filler = common::DetachOnDrop(first.clone());
+    let _filler = common::DetachOnDrop::new(first.clone());
     let reattached = fx.run_ok(&["attach", &uuid, "--json"]).json();
     let now = reattached["device"].as_str().unwrap().to_string();
     assert_ne!(now, first);
 
     let check = stopped.resume();
-    let _detach = common::DetachOnDrop(now.clone());
+    let _detach = common::DetachOnDrop::new(now.clone());
     assert_eq!(
         loops_of(&backing),
         vec![now.clone()],
@@ -857,7 +857,7 @@ fn a_repair_that_cannot_detach_an_open_device_leaves_it_as_it_was() {
     let stray = fx.host("/var/lib/sparse-volume/stray");
     fx.sparse_file(&stray);
     let device = common::bound_by_hand(&stray, &[]);
-    let _release = common::DetachOnDrop(device.clone());
+    let _release = common::DetachOnDrop::new(device.clone());
     let holder = fs::OpenOptions::new()
         .read(true)
         .write(true)
@@ -1057,8 +1057,8 @@ fn a_device_that_does_not_fit_is_reported_and_never_weighed_as_a_duplicate() {
         .to_string();
     let unfit = common::bound_by_hand(&backing, &["-o", "1048576"]);
     let _release = (
-        common::DetachOnDrop(unfit.clone()),
-        common::DetachOnDrop(own.clone()),
+        common::DetachOnDrop::new(unfit.clone()),
+        common::DetachOnDrop::new(own.clone()),
     );
 
     let (_, report) = check(&fx, true);
@@ -1153,7 +1153,7 @@ fn a_read_only_flag_that_waits_for_the_next_attach_is_reported_as_such() {
     let fx = Fixture::new();
     let made = fx.run_ok(&["create", "--size", "16M", "--name", "pg", "--now", "--json"]);
     let uuid = made.json()["uuid"].as_str().unwrap().to_string();
-    let _detach = common::DetachOnDrop(made.json()["device"].as_str().unwrap().to_string());
+    let _detach = common::DetachOnDrop::new(made.json()["device"].as_str().unwrap().to_string());
     fx.run_ok(&["apply", "--name", "pg", "--read-only", "true"]);
 
     let listed = fx.run_ok(&["list", "--json"]).json();
@@ -1187,7 +1187,7 @@ fn a_read_only_flag_that_waits_for_the_next_attach_is_reported_as_such() {
 
     fx.run_ok(&["detach", "pg"]);
     let attached = fx.run_ok(&["attach", "pg", "--json"]).json();
-    let _detach_again = common::DetachOnDrop(attached["device"].as_str().unwrap().to_string());
+    let _detach_again = common::DetachOnDrop::new(attached["device"].as_str().unwrap().to_string());
     let listed = fx.run_ok(&["list", "--json"]).json();
     assert_eq!(listed["volumes"][0]["device_read_only"], true, "{listed}");
     assert!(fx.run_ok(&["list"]).stdout.contains("ext4 ro"));

@@ -191,6 +191,79 @@ fn crash_create(fx: &Fixture, point: &str) -> Seen {
     seen
 }
 
+/// A clone killed at each of its points, its source mounted and frozen
+/// for the whole copy (this storage shares no extents, so every point is
+/// reached): the freeze does not outlive the kill, `check --repair` leaves
+/// nothing, and the same clone run again makes the volume.
+fn crash_clone(fx: &Fixture, point: &str) -> Seen {
+    let source = new_uuid();
+    run_ok(fx, &["create", "--size", "32M", "--uuid", &source, "--now"]);
+    let device = loops_of(&fx.backing(&source)).remove(0);
+    let mount_point = fx.host("/mnt-source");
+    fs::create_dir_all(&mount_point).expect("mount point");
+    tool(
+        "mount",
+        &[&device, mount_point.to_str().expect("UTF-8 path")],
+    );
+    let data = (0..3 * MIB as usize)
+        .map(|i| (i % 253) as u8)
+        .collect::<Vec<u8>>();
+    write_synced(&mount_point.join("data"), &data);
+    let clone = new_uuid();
+    let args = [
+        "clone",
+        &source,
+        "--name",
+        "copy",
+        "--uuid",
+        &clone,
+        "--freeze-during-copy",
+    ];
+    crash(fx, point, &args);
+    // A frozen file system would hang this write: it must finish.
+    let (done, finished) = std::sync::mpsc::channel();
+    let after = mount_point.join("after-the-kill");
+    std::thread::spawn(move || {
+        write_synced(&after, b"written");
+        let _ = done.send(());
+    });
+    if finished
+        .recv_timeout(std::time::Duration::from_secs(30))
+        .is_err()
+    {
+        let _ = Command::new("fsfreeze")
+            .arg("-u")
+            .arg(&mount_point)
+            .status();
+        panic!("{point}: the source's file system stayed frozen after the kill");
+    }
+    let seen = check_and_repair(fx);
+    assert_eq!(
+        seen.after_repair,
+        Vec::<String>::new(),
+        "{point}: repair left findings"
+    );
+    let again = run_ok(fx, &[&args[..], &["--json"]].concat()).json();
+    assert_eq!(again["uuid"], clone.as_str(), "{point}");
+    assert_eq!(blkid_uuid(&fx.backing(&clone)), clone, "{point}: identity");
+    assert_eq!(blkid_uuid(&fx.backing(&source)), source, "{point}");
+    fsck_clean(&fx.backing(&clone));
+    tool("umount", &[mount_point.to_str().expect("UTF-8 path")]);
+    run_ok(fx, &["detach", &source]);
+    run_ok(fx, &["attach", &clone]);
+    assert!(read_data(fx, &clone) == data, "{point}: the clone's data");
+    run_ok(fx, &["detach", &clone]);
+    assert_clean(fx, point);
+    seen
+}
+
+fn write_synced(path: &Path, data: &[u8]) {
+    use std::io::Write;
+    let mut file = fs::File::create(path).expect("creating a file");
+    file.write_all(data).expect("writing");
+    file.sync_all().expect("syncing");
+}
+
 /// After a killed resize: `check --repair` does not finish it (it points
 /// at `resize`), and the same resize run again does, recording `size`.
 fn repaired_then_resized_again(
@@ -349,6 +422,11 @@ fn every_crash_point_is_repaired_and_the_operation_completes_when_repeated() {
             Crash::ResizeAfterFile | Crash::ResizeBeforeRegistry => crash_resize(&fx, name),
             Crash::ResizeXfsDeviceBound => crash_resize_xfs(&fx, name),
             Crash::RemoveAfterDetach | Crash::RemoveBeforeRegistry => crash_remove(&fx, name),
+            Crash::CloneWhileFrozen
+            | Crash::CloneAfterCopy
+            | Crash::CloneBeforeRename
+            | Crash::CloneBeforeRegistry
+            | Crash::CloneBeforeUnmark => crash_clone(&fx, name),
         };
         table.push(format!(
             "  {name:<24} check after the kill: {:?}; after --repair: {:?}",

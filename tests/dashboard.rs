@@ -159,7 +159,7 @@ fn every_series_the_dashboard_names_is_in_a_real_scrape() {
     let _systemd = stub_systemd::StubSystemd::start(&bus.address, fx.root.path().to_path_buf());
     let made = fx.run_ok(&["create", "--size", "64M", "--name", "pg", "--now", "--json"]);
     let device = made.json()["device"].as_str().unwrap().to_string();
-    let _detach = common::DetachOnDrop(device.clone());
+    let _detach = common::DetachOnDrop::new(device.clone());
     let mounted = Mounted::new(&fx, &device, &[]).expect("mounting pg");
     fs::write(mounted.0.join("data"), vec![7u8; 1 << 20]).unwrap();
     fx.run_ok(&["create", "--size", "64M", "--mode", "block"]);

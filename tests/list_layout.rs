@@ -345,6 +345,8 @@ fn json_keys_are_kept() {
     let before_volume = [
         "uuid",
         "name",
+        // Issue 26: the volume a clone was made from.
+        "origin",
         "mode",
         "fs_type",
         "size",

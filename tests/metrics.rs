@@ -590,8 +590,8 @@ fn io_counters_rise_by_what_fio_moved_and_start_again_at_each_attach() {
     let block_uuid = block.json()["uuid"].as_str().unwrap().to_string();
     let block_device = block.json()["device"].as_str().unwrap().to_string();
     let _detach = (
-        common::DetachOnDrop(device.clone()),
-        common::DetachOnDrop(block_device),
+        common::DetachOnDrop::new(device.clone()),
+        common::DetachOnDrop::new(block_device),
     );
     // noinit_itable: no background zeroing of inode tables, so what the
     // file system writes besides fio's data is its journal and metadata.
@@ -678,7 +678,7 @@ fn io_counters_rise_by_what_fio_moved_and_start_again_at_each_attach() {
     );
     assert!(fx.run_ok(&["status", "pg", "--json"]).json()["io"].is_null());
     let attached = fx.run_ok(&["attach", "pg", "--json"]).json();
-    let _detach_again = common::DetachOnDrop(attached["device"].as_str().unwrap().to_string());
+    let _detach_again = common::DetachOnDrop::new(attached["device"].as_str().unwrap().to_string());
     let again = parse(&fx.run_ok(&["metrics"]).stdout);
     let since_attach = counter(&again, "sparse_volume_written_bytes_total");
     assert!(
@@ -694,7 +694,7 @@ fn io_counters_rise_by_what_fio_moved_and_start_again_at_each_attach() {
 
     // Bound by hand: no base, and status says why it shows no I/O.
     let by_hand = common::bound_by_hand(&fx.backing(&uuid), &[]);
-    let _detach_by_hand = common::DetachOnDrop(by_hand);
+    let _detach_by_hand = common::DetachOnDrop::new(by_hand);
     assert!(fx.run_ok(&["status", "pg", "--json"]).json()["io"].is_null());
     let status = fx.run_ok(&["status", "pg"]).stdout;
     assert!(
@@ -721,7 +721,7 @@ fn file_system_errors_show_in_metrics_and_check_and_fire_the_alert() {
     let made = fx.run_ok(&["create", "--size", "64M", "--name", "pg", "--now", "--json"]);
     let uuid = made.json()["uuid"].as_str().unwrap().to_string();
     let device = made.json()["device"].as_str().unwrap().to_string();
-    let _detach = common::DetachOnDrop(device.clone());
+    let _detach = common::DetachOnDrop::new(device.clone());
     let label = Some(("uuid", uuid.as_str()));
     let loop_name = device.trim_start_matches("/dev/").to_string();
 
@@ -902,7 +902,7 @@ fn a_shut_down_file_system_shows_in_metrics_check_and_status_and_fires_the_alert
         ]);
         let uuid = made.json()["uuid"].as_str().unwrap().to_string();
         let device = made.json()["device"].as_str().unwrap().to_string();
-        let _detach = common::DetachOnDrop(device.clone());
+        let _detach = common::DetachOnDrop::new(device.clone());
         let label = Some(("uuid", uuid.as_str()));
 
         let mounted = Mounted::new(&fx, &device, &[]).expect("mounting");

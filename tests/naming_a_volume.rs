@@ -124,8 +124,8 @@ fn a_loop_device_or_a_backing_path_names_its_volume() {
     // A device that holds no volume: said so, naming what it holds.
     let stray = fx.host("/var/lib/sparse-volume/stray");
     fx.sparse_file_of(&stray, 16 << 20);
-    let bound = common::DetachOnDrop(common::bound_by_hand(&stray, &[]));
-    let refused = fx.run(&["status", &bound.0]);
+    let bound = common::DetachOnDrop::new(common::bound_by_hand(&stray, &[]));
+    let refused = fx.run(&["status", bound.device()]);
     assert_eq!(refused.code, 1, "{}", refused.stderr);
     assert!(
         refused.stderr.contains("no registered volume"),

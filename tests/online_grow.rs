@@ -15,7 +15,7 @@ fn mounted_volume(fx: &Fixture) -> (String, DetachOnDrop, Mounted) {
     let made = fx.run_ok(&["create", "--size", "32M", "--name", "pg", "--now", "--json"]);
     let uuid = made.json()["uuid"].as_str().unwrap().to_string();
     let device = made.json()["device"].as_str().unwrap().to_string();
-    let detach = DetachOnDrop(device.clone());
+    let detach = DetachOnDrop::new(device.clone());
     let mounted = Mounted::new(fx, &device, &[]).expect("mounting the volume");
     (uuid, detach, mounted)
 }
@@ -69,7 +69,7 @@ fn a_grow_that_fails_after_the_file_grew_says_how_to_finish_it() {
     ]);
     let uuid = made.json()["uuid"].as_str().unwrap().to_string();
     let device = made.json()["device"].as_str().unwrap().to_string();
-    let _detach = DetachOnDrop(device.clone());
+    let _detach = DetachOnDrop::new(device.clone());
     let _mounted = Mounted::new(&fx, &device, &[]).expect("mounting the volume");
     let tools = fx.host("/refusing-tools");
     fs::create_dir_all(&tools).unwrap();

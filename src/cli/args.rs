@@ -8,6 +8,7 @@ use clap::{Args, Parser, Subcommand, ValueEnum, ValueHint};
 
 use crate::commands::inspecting::pv::{ManifestFormat, PvRequest, Reclaim};
 use crate::commands::provisioning::apply::desired::{Desired, State};
+use crate::commands::provisioning::clone::CloneRequest;
 use crate::commands::provisioning::create::CreateRequest;
 use crate::commands::provisioning::register::{RegisterMode, RegisterRequest};
 use crate::volume::id::VolumeId;
@@ -44,6 +45,15 @@ pub enum Command {
     Create(CreateArgs),
     /// Adopt an existing backing file whose content carries the UUID.
     Register(RegisterArgs),
+    /// Make a new volume whose content is another's at one instant.
+    ///
+    /// The copy gets an identity of its own (file system UUID, or GPT
+    /// GUIDs and partition name). On xfs (reflink) and btrfs storage the
+    /// backing file is cloned by reflink (no data copied); elsewhere its
+    /// data is copied, holes kept. A mounted source is frozen for the moment of
+    /// the copy. `--snapshot` makes a read-only clone that is not attached
+    /// at boot.
+    Clone(CloneArgs),
     /// Detach and unregister a volume; keeps its data unless asked.
     Remove {
         /// The volume: its UUID, its name, the beginning of its UUID (8 or more characters), its loop device or its backing file.
@@ -131,7 +141,8 @@ pub enum Command {
     /// Every volume at a glance: name, mode, size, allocation, device, state.
     List {
         /// Every column (UUID, enabled flag, I/O since the attach, unit
-        /// state, path), one line per volume however long.
+        /// state, the volume a clone was made from, path), one line per
+        /// volume however long.
         #[arg(long)]
         wide: bool,
         /// Only each volume's UUID and name, one per line, read from the
@@ -186,7 +197,8 @@ pub struct ApplyArgs {
     /// Read the desired state from stdin (JSON or TOML) instead of flags.
     #[arg(long, conflicts_with_all = [
         "uuid", "name", "state", "size", "mode", "fs_type", "path", "enabled", "read_only",
-        "preallocate", "sector_size", "mkfs_options", "delete_data", "now",
+        "preallocate", "sector_size", "mkfs_options", "delete_data", "now", "clone_of",
+        "freeze_during_copy",
     ])]
     pub stdin: bool,
     /// The volume's UUID (any case); with `--name`, both must agree.
@@ -231,6 +243,15 @@ pub struct ApplyArgs {
     /// it differs from the options an existing volume was made with.
     #[arg(long = "mkfs-option", allow_hyphen_values = true, value_hint = ValueHint::Other)]
     pub mkfs_options: Vec<String>,
+    /// Make the volume as a clone of this one (its content at one
+    /// instant, see `sparse-volume clone`); an existing volume must be
+    /// its clone.
+    #[arg(long, value_name = "VOLUME")]
+    pub clone_of: Option<VolumeRef>,
+    /// A clone on storage without reflink: freeze a mounted source for the
+    /// whole copy instead of refusing.
+    #[arg(long, requires = "clone_of")]
+    pub freeze_during_copy: bool,
     /// With `--state absent`: also delete the backing file.
     #[arg(long)]
     pub delete_data: bool,
@@ -271,6 +292,8 @@ impl ApplyArgs {
             preallocate: self.preallocate.then_some(true),
             sector_size: self.sector_size,
             mkfs_options: (!self.mkfs_options.is_empty()).then(|| self.mkfs_options.clone()),
+            clone_of: self.clone_of.clone(),
+            freeze_during_copy: self.freeze_during_copy,
             delete_data: self.delete_data,
             now: self.now,
         }
@@ -391,6 +414,54 @@ pub struct CreateArgs {
     pub now: bool,
     #[command(flatten)]
     pub dry: DryRun,
+}
+
+#[derive(Debug, Args)]
+pub struct CloneArgs {
+    /// The volume to copy: its UUID, its name, the beginning of its UUID (8 or more characters), its loop device or its backing file.
+    #[arg(value_name = "SOURCE")]
+    pub source: VolumeRef,
+    /// The clone's name (required: it is how a repeated clone is known).
+    #[arg(long, value_parser = parse_name_arg, value_hint = ValueHint::Other)]
+    pub name: String,
+    /// The clone's UUID; a new one is chosen (and reported) when omitted.
+    #[arg(long, value_parser = parse_uuid_any_case, value_hint = ValueHint::Other)]
+    pub uuid: Option<VolumeId>,
+    /// Attach the clone read-only.
+    #[arg(long)]
+    pub read_only: bool,
+    /// Attach the clone at every boot (default true; false with --snapshot).
+    #[arg(long, value_name = "BOOL", action = clap::ArgAction::Set)]
+    pub enabled: Option<bool>,
+    /// A snapshot: read-only and not enabled (as --read-only --enabled false).
+    #[arg(long, conflicts_with_all = ["read_only", "now"])]
+    pub snapshot: bool,
+    /// Where the storage cannot share extents, freeze a mounted source
+    /// for the whole copy (its writers wait until the copy ends) instead
+    /// of refusing.
+    #[arg(long)]
+    pub freeze_during_copy: bool,
+    /// Also attach the clone now.
+    #[arg(long)]
+    pub now: bool,
+    #[command(flatten)]
+    pub dry: DryRun,
+}
+
+impl CloneArgs {
+    pub fn request(&self, source: VolumeId, dry_run: bool) -> CloneRequest {
+        CloneRequest {
+            source,
+            name: self.name.clone(),
+            uuid: self.uuid,
+            read_only: self.read_only || self.snapshot,
+            enabled: self.enabled.unwrap_or(!self.snapshot),
+            freeze_during_copy: self.freeze_during_copy,
+            grow_to: None,
+            now: self.now,
+            dry_run,
+        }
+    }
 }
 
 impl CreateArgs {
@@ -521,6 +592,7 @@ impl Command {
             | Command::Stop { volume, .. }
             | Command::Status { volume } => Some(volume),
             Command::Pv(args) => args.volume.as_ref(),
+            Command::Clone(args) => Some(&args.source),
             Command::Create(_)
             | Command::Apply(_)
             | Command::Register(_)
@@ -553,6 +625,7 @@ impl Command {
                 None => "creating a volume".into(),
             },
             Command::Register(args) => format!("registering {}", args.uuid),
+            Command::Clone(args) => format!("cloning{volume} into {:?}", args.name),
             Command::Remove { .. } => format!("removing{volume}"),
             Command::Resize { .. } => format!("resizing{volume}"),
             Command::Attach { .. } => format!("attaching{volume}"),
@@ -577,6 +650,7 @@ impl Command {
         match self {
             Command::Create(CreateArgs { dry, .. })
             | Command::Register(RegisterArgs { dry, .. })
+            | Command::Clone(CloneArgs { dry, .. })
             | Command::Apply(ApplyArgs { dry, .. })
             | Command::Remove { dry, .. }
             | Command::Resize { dry, .. }
@@ -600,6 +674,7 @@ impl Command {
             Command::Register(args) => Some(args.uuid),
             Command::Create(args) => args.uuid,
             Command::Apply(args) => args.uuid,
+            Command::Clone(args) => args.uuid,
             _ => None,
         }
     }

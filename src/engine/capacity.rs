@@ -7,7 +7,7 @@
 //! ratio) minus the host's reserve. Callers hold the registry lock, so
 //! concurrent requests see each other's results.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -16,8 +16,10 @@ use anyhow::{bail, Context, Result};
 use nix::sys::statvfs::statvfs;
 use serde::Serialize;
 
+use crate::kernel::extents::{shared_ranges, union_length};
 use crate::registry::paths::{SystemRoot, CONFIG_FILE};
 use crate::registry::{Config, Registry, Volume};
+use crate::volume::backing_file::open_without_hanging;
 use crate::volume::id::VolumeId;
 use crate::volume::size::format_size;
 
@@ -48,6 +50,12 @@ impl Capacity {
 /// A snapshot: callers that change files look again.
 pub struct BackingFiles {
     facts: HashMap<VolumeId, FileFacts>,
+    /// Per file system (`st_dev`): the blocks that clones and their
+    /// origins share, counted once. Each sharer counts them as not its
+    /// own (a write there takes new space); all of them together take
+    /// that much new space at most once more than they hold now, so the
+    /// committed growth gives it back once.
+    shared_once: HashMap<u64, u64>,
 }
 
 #[derive(Clone, Copy)]
@@ -56,28 +64,52 @@ struct FileFacts {
     device: Option<u64>,
     /// `st_blocks * 512`; None when the file is missing.
     allocated: Option<u64>,
+    /// Bytes of its extents that another file shares (a clone and its
+    /// origin after a reflink): allocated, but not its own, since a write
+    /// there takes new space.
+    shared: u64,
 }
 
 impl BackingFiles {
     pub fn look(root: &SystemRoot, volumes: &[Volume]) -> Self {
+        // Only files of a clone family can share extents with our files;
+        // the extent map of every other file is not asked for.
+        let origins: HashSet<VolumeId> = volumes.iter().filter_map(|v| v.origin).collect();
+        let mut shared_ranges: HashMap<u64, Vec<(u64, u64)>> = HashMap::new();
         let facts = volumes
             .iter()
             .map(|volume| {
                 let host_path = root.host_path(&volume.path);
                 let facts = match std::fs::metadata(&host_path) {
-                    Ok(meta) => FileFacts {
-                        device: Some(meta.dev()),
-                        allocated: Some(meta.blocks() * 512),
-                    },
+                    Ok(meta) => {
+                        let in_family = volume.origin.is_some() || origins.contains(&volume.id);
+                        let ranges = if in_family {
+                            shared_ranges_of(&host_path, meta.len())
+                        } else {
+                            Vec::new()
+                        };
+                        let shared = ranges.iter().map(|(_, length)| length).sum();
+                        shared_ranges.entry(meta.dev()).or_default().extend(ranges);
+                        FileFacts {
+                            device: Some(meta.dev()),
+                            allocated: Some(meta.blocks() * 512),
+                            shared,
+                        }
+                    }
                     Err(_) => FileFacts {
                         device: device_of(&host_path).ok(),
                         allocated: None,
+                        shared: 0,
                     },
                 };
                 (volume.id, facts)
             })
             .collect();
-        Self { facts }
+        let shared_once = shared_ranges
+            .into_iter()
+            .map(|(device, ranges)| (device, union_length(ranges)))
+            .collect();
+        Self { facts, shared_once }
     }
 
     /// The file system holding the volume's file (or where it would be).
@@ -85,17 +117,32 @@ impl BackingFiles {
         self.facts.get(&volume.id)?.device
     }
 
-    /// Bytes the volume may still take from its file system.
+    /// Bytes the volume may still take from its file system: what it does
+    /// not own of its size (a shared extent is re-taken when written).
     fn growth_potential(&self, volume: &Volume) -> u64 {
+        let Some(facts) = self.facts.get(&volume.id) else {
+            return volume.size;
+        };
         if volume.preallocated {
-            return 0;
+            return facts.shared;
         }
-        match self.facts.get(&volume.id).and_then(|f| f.allocated) {
-            Some(allocated) => volume.size.saturating_sub(allocated),
+        match facts.allocated {
+            Some(allocated) => volume
+                .size
+                .saturating_sub(allocated.saturating_sub(facts.shared)),
             // A missing file will be re-created at its full size.
             None => volume.size,
         }
     }
+}
+
+/// Shared extents of the file at `path` (none when they cannot be read:
+/// a file system without FIEMAP shares nothing).
+fn shared_ranges_of(path: &Path, size: u64) -> Vec<(u64, u64)> {
+    open_without_hanging(path, true)
+        .ok()
+        .and_then(|file| shared_ranges(&file, size).ok())
+        .unwrap_or_default()
 }
 
 /// The file system's identity (`st_dev`) of a path or its nearest
@@ -173,7 +220,8 @@ fn growth_on(files: &BackingFiles, device: u64, volumes: &[Volume]) -> (u64, Vec
             growing.push(volume.id.to_string());
         }
     }
-    (committed, growing)
+    let shared_once = files.shared_once.get(&device).copied().unwrap_or(0);
+    (committed.saturating_sub(shared_once), growing)
 }
 
 /// The file system under some backing files, against what their volumes

@@ -33,6 +33,9 @@ pub const UNKNOWN: &str = "unknown";
 pub struct VolumeInfo {
     pub uuid: String,
     pub name: Option<String>,
+    /// The UUID of the volume this one was cloned from; null for a volume
+    /// made otherwise.
+    pub origin: Option<String>,
     /// `filesystem` or `block`.
     pub mode: &'static str,
     /// `ext4`/`xfs` in filesystem mode, null in block mode.
@@ -271,6 +274,7 @@ pub fn inspect(
     VolumeInfo {
         uuid: volume.id.to_string(),
         name: volume.name.clone(),
+        origin: volume.origin.map(|o| o.to_string()),
         mode: volume.mode.name(),
         fs_type,
         size: volume.size,
@@ -345,6 +349,9 @@ impl VolumeInfo {
             ),
         );
         row("path:", self.path.display().to_string());
+        if let Some(origin) = &self.origin {
+            row("origin:", format!("a clone of {origin}"));
+        }
         if let Some(fs) = &self.backing_fs {
             row(
                 "backing:",

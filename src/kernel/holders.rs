@@ -31,9 +31,28 @@ fn device_numbers(number: u32) -> Vec<(String, String)> {
 /// mount point), as this process's mount namespace sees it.
 pub fn mounts_of_loop(number: u32) -> Vec<(String, PathBuf)> {
     mounts_of(&device_numbers(number))
+        .into_iter()
+        .map(|(name, _, point)| (name, point))
+        .collect()
 }
 
-fn mounts_of(devices: &[(String, String)]) -> Vec<(String, PathBuf)> {
+/// [`mounts_of_loop`] with each mounted device's number (`st_rdev`, as
+/// `stat` of a file on it reports `st_dev`) instead of its name.
+pub fn mounted_device_numbers_of_loop(number: u32) -> Vec<(u64, PathBuf)> {
+    mounts_of(&device_numbers(number))
+        .into_iter()
+        .filter_map(|(_, dev, point)| {
+            let (major, minor) = dev.split_once(':')?;
+            Some((
+                libc::makedev(major.parse().ok()?, minor.parse().ok()?),
+                point,
+            ))
+        })
+        .collect()
+}
+
+/// (device name, `maj:min`, mount point) of each mount of `devices`.
+fn mounts_of(devices: &[(String, String)]) -> Vec<(String, String, PathBuf)> {
     let mountinfo = fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
     let mut mounts = Vec::new();
     for line in mountinfo.lines() {
@@ -41,8 +60,12 @@ fn mounts_of(devices: &[(String, String)]) -> Vec<(String, PathBuf)> {
         if fields.len() < 5 {
             continue;
         }
-        if let Some((name, _)) = devices.iter().find(|(_, dev)| dev == fields[2]) {
-            mounts.push((name.clone(), PathBuf::from(unescape_mount_path(fields[4]))));
+        if let Some((name, dev)) = devices.iter().find(|(_, dev)| dev == fields[2]) {
+            mounts.push((
+                name.clone(),
+                dev.clone(),
+                PathBuf::from(unescape_mount_path(fields[4])),
+            ));
         }
     }
     mounts
@@ -53,7 +76,7 @@ pub fn users_of_loop(number: u32) -> Vec<String> {
     let devices = device_numbers(number);
     let mut users: Vec<String> = mounts_of(&devices)
         .into_iter()
-        .map(|(name, point)| format!("/dev/{name} is mounted on {}", point.display()))
+        .map(|(name, _, point)| format!("/dev/{name} is mounted on {}", point.display()))
         .collect();
     let swaps = fs::read_to_string("/proc/swaps").unwrap_or_default();
     for line in swaps.lines().skip(1) {

@@ -1,6 +1,8 @@
 //! Kernel-facing code with no policy of ours: loop devices, block-device
-//! ioctls and I/O counters, file-system health, extents, who holds a
-//! device, udev's links, signals, a private mount namespace, child
+//! ioctls and I/O counters, file-system health, extents (and the ones a
+//! file shares), reflinks and hole-keeping copies of files, freezing a
+//! file system for a moment with a guardian that thaws it if we die, who
+//! holds a device, udev's links, signals, a private mount namespace, child
 //! processes that die with us, atomic files and locks. The one place where
 //! `unsafe` is allowed; each block says why it is sound. What a volume is,
 //! and what to do with one, lives above.
@@ -11,7 +13,9 @@ pub mod block_stat;
 pub mod capabilities;
 pub mod child_process;
 pub mod extents;
+pub mod file_clone;
 pub mod files;
+pub mod freeze;
 pub mod fs_health;
 pub mod holders;
 pub mod loop_device;

@@ -31,6 +31,9 @@ pub struct Volume {
     /// The logical sector size the volume's GPT or file system was made
     /// for; always passed to the kernel, never left to its default.
     pub sector_size: u32,
+    /// The volume this one was cloned from (its content at one instant,
+    /// under an identity of its own); None for a volume made otherwise.
+    pub origin: Option<VolumeId>,
 }
 
 /// `mode` and `fs_type` are read as strings and matched by the spec's
@@ -60,6 +63,7 @@ struct VolumeFile {
     name: Option<Spanned<String>>,
     mkfs_options: Option<Spanned<Vec<String>>>,
     sector_size: Option<Spanned<i64>>,
+    origin: Option<Spanned<String>>,
 }
 
 pub const KNOWN_KEYS: &[&str] = &[
@@ -75,6 +79,7 @@ pub const KNOWN_KEYS: &[&str] = &[
     "name",
     "mkfs_options",
     "sector_size",
+    "origin",
 ];
 
 /// What we write: every field explicit, so the file reads as the truth.
@@ -98,6 +103,8 @@ struct VolumeFileOut<'a> {
     read_only: bool,
     direct_io: bool,
     preallocated: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    origin: Option<String>,
 }
 
 fn is_default_sector_size(size: &u32) -> bool {
@@ -171,6 +178,16 @@ impl Volume {
                 })?,
         };
 
+        let origin = match &raw.origin {
+            None => None,
+            Some(value) => Some(
+                value
+                    .get_ref()
+                    .parse::<VolumeId>()
+                    .map_err(|reason| fail(value.span(), format!("origin: {reason}")))?,
+            ),
+        };
+
         let mode_name =
             mode_name(raw.mode.get_ref()).map_err(|reason| fail(raw.mode.span(), reason))?;
         let fs_type = match &raw.fs_type {
@@ -216,6 +233,7 @@ impl Volume {
             preallocated: raw.preallocated.unwrap_or(false),
             name: raw.name.as_ref().map(|n| n.get_ref().clone()),
             sector_size,
+            origin,
         };
         volume.validate().map_err(|Invalid { key, reason }| {
             let span = match key {
@@ -224,6 +242,7 @@ impl Volume {
                 "name" => raw.name.as_ref().map(Spanned::span),
                 "mkfs_options" => raw.mkfs_options.as_ref().map(Spanned::span),
                 "sector_size" => raw.sector_size.as_ref().map(Spanned::span),
+                "origin" => raw.origin.as_ref().map(Spanned::span),
                 _ => Some(raw.uuid.span()),
             };
             RegistryError::at(file, text, span, reason)
@@ -254,6 +273,13 @@ impl Volume {
         }
         if let Some(name) = &self.name {
             Self::check_name(name).map_err(|r| invalid("name", r))?;
+        }
+        if self.origin == Some(self.id) {
+            return Err(invalid(
+                "origin",
+                "origin names the volume itself; a clone's origin is the volume it was cloned from"
+                    .into(),
+            ));
         }
         if let Mode::Filesystem { mkfs_options, .. } = &self.mode {
             for option in mkfs_options {
@@ -317,6 +343,7 @@ impl Volume {
             read_only: self.read_only,
             direct_io: self.direct_io,
             preallocated: self.preallocated,
+            origin: self.origin.map(|o| o.to_string()),
         };
         toml::to_string(&out).map_err(|e| invalid("uuid", format!("cannot be written: {e}")))
     }

@@ -1,4 +1,5 @@
-//! The file system tools: mkfs at create, growing at resize.
+//! The file system tools: mkfs at create, growing at resize, a new UUID
+//! for a clone.
 
 use std::ffi::OsString;
 use std::fs::File;
@@ -129,6 +130,36 @@ fn check_before_grow(target: &Path, after_interrupted_grow: bool) -> Result<()> 
             t = target.display()
         ))),
         _ => Err(preen.failure()),
+    }
+}
+
+/// Gives the file system in `target` (a copy of a volume, which nothing
+/// mounts) the UUID `to`. ext4: with `metadata_csum` (the default) every
+/// checksum is seeded with the UUID, so tune2fs rewrites them all, and it
+/// does so only on a file system checked since its last mount: e2fsck
+/// first, repairing only what is safe unattended. xfs: xfs_admin writes the
+/// new UUID beside the one its metadata keeps, but only with a clean log,
+/// and it exits 0 when it refuses: the caller must read the UUID back.
+pub fn renew_uuid(target: &Path, fs_type: FsType, to: Uuid) -> Result<()> {
+    let uuid = to.hyphenated().to_string();
+    match fs_type {
+        FsType::Ext4 => {
+            let mut fsck = e2fsprogs_command("e2fsck");
+            fsck.args([OsString::from("-f"), "-p".into(), target.into()]);
+            let checked = finish("e2fsck", fsck)?;
+            if !matches!(checked.code(), Some(0 | 1)) {
+                return Err(checked.failure().context(
+                    "the copied file system has damage that is not repaired unattended (the source's file system needs a check)",
+                ));
+            }
+            let mut tune = e2fsprogs_command("tune2fs");
+            tune.args([OsString::from("-U"), uuid.into(), target.into()]);
+            run_command("tune2fs", tune, &[0])
+        }
+        FsType::Xfs => run(
+            "xfs_admin",
+            [OsString::from("-U"), uuid.into(), target.into()],
+        ),
     }
 }
 

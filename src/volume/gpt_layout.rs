@@ -160,6 +160,41 @@ pub fn grow_to_end(file: &File, volume: Uuid, sector_size: u32) -> Result<Partit
     })
 }
 
+/// Gives a copy of a block volume an identity of its own: a new disk GUID,
+/// and partition 1 (which must carry `from`) the GUID and the name of
+/// `to`. Only the table changes: the partition keeps its place and data.
+pub fn renew_identity(file: &File, from: Uuid, to: Uuid, sector_size: u32) -> Result<()> {
+    if !header_is_sane(&mut &*file, u64::from(sector_size)).context("reading the GPT")? {
+        bail!("the GPT has an entry array this version cannot read");
+    }
+    let mut disk = config(sector_size)?
+        .open_from_device(file)
+        .map_err(gpt_error("reading the GPT"))?;
+    let mut partitions = disk.partitions().clone();
+    let Some(partition) = partitions.get(&1).filter(|p| p.part_guid == from).cloned() else {
+        bail!("partition 1 does not carry the volume UUID {from}");
+    };
+    partitions.insert(
+        1,
+        Partition {
+            part_guid: to,
+            name: to.hyphenated().to_string(),
+            ..partition
+        },
+    );
+    disk.update_guid(Some(Uuid::new_v4()));
+    disk.update_partitions(partitions)
+        .map_err(gpt_error("renaming the partition"))?;
+    disk.write_inplace().map_err(gpt_error("writing the GPT"))
+}
+
+/// Where partition 1 of the GPT in `file` starts, in bytes.
+pub fn partition_start(file: &File, sector_size: u32) -> Option<u64> {
+    let disk = read(file, sector_size)?;
+    let first = disk.partitions().get(&1)?.first_lba;
+    first.checked_mul(u64::from(sector_size))
+}
+
 /// The name of partition 1 of the GPT in `file`, if it reads.
 pub fn partition_name(file: &File, sector_size: u32) -> Option<String> {
     let disk = read(file, sector_size)?;
@@ -380,6 +415,29 @@ mod tests {
         );
         assert_eq!(volume_partition(&file, volume, 512), Some(grown));
         assert!(grow_to_end(&file, Uuid::new_v4(), 512).is_err());
+    }
+
+    #[test]
+    fn a_renewed_identity_changes_every_guid_and_the_name_but_not_the_extent() {
+        for sector_size in [512, 4096] {
+            let dir = tempfile::tempdir().unwrap();
+            let (path, file) = sized_file(&dir, 32 << 20);
+            let (from, to) = (Uuid::new_v4(), Uuid::new_v4());
+            let extent = write_new(&file, from, sector_size).unwrap();
+            let disk_guid = *read(&file, sector_size).unwrap().guid();
+            assert!(renew_identity(&file, to, Uuid::new_v4(), sector_size).is_err());
+            renew_identity(&file, from, to, sector_size).unwrap();
+            assert_eq!(volume_partition(&file, to, sector_size), Some(extent));
+            assert_eq!(volume_partition(&file, from, sector_size), None);
+            assert_eq!(
+                partition_name(&file, sector_size),
+                Some(to.hyphenated().to_string())
+            );
+            assert_ne!(*read(&file, sector_size).unwrap().guid(), disk_guid);
+            if sector_size == 512 {
+                assert!(sgdisk(&["-v"], &path).contains("No problems found"));
+            }
+        }
     }
 
     /// A table of ours whose primary header is rewritten by `patch`, with

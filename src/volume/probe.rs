@@ -163,6 +163,14 @@ pub fn probe(file: &File) -> Result<Content> {
     Ok(gpt_layout::read_any(file).map_or(Content::Unrecognised, gpt_content))
 }
 
+/// The file system whose first block is at `offset` in `file` (one a
+/// consumer made in a block volume's partition), if any.
+pub fn filesystem_at(file: &File, offset: u64) -> Result<Option<Content>> {
+    let mut head = [0u8; HEAD_BYTES];
+    let length = read_up_to(file, &mut head, offset)?;
+    Ok(filesystem_in(&head[..length]))
+}
+
 /// [`probe`] of a file whose whole content is `image`: the same parsers
 /// without a file, for fuzzing them.
 pub fn probe_image(image: &[u8]) -> Content {

@@ -341,22 +341,38 @@ impl Fixture {
     /// tables and journal written at mkfs time so that no background
     /// initialisation moves the free-space numbers) over the storage root.
     pub fn mount_storage(&self, size: u64) -> MountedStorage<'_> {
-        let images = self.host("/images");
-        fs::create_dir_all(&images).unwrap();
-        let image = images.join("storage.img");
-        self.sparse_file_of(&image, size);
-        tool(
-            "mkfs.ext4",
+        self.mount_storage_made_by(
+            size,
             &[
+                "mkfs.ext4",
                 "-q",
                 "-F",
                 "-m",
                 "0",
                 "-E",
                 "lazy_itable_init=0,lazy_journal_init=0",
-                image.to_str().unwrap(),
             ],
-        );
+        )
+    }
+
+    /// [`Fixture::mount_storage`] with a file system that shares extents
+    /// (reflink): `xfs` or `btrfs`.
+    pub fn mount_reflink_storage(&self, size: u64, fs_type: &str) -> MountedStorage<'_> {
+        match fs_type {
+            "xfs" => self.mount_storage_made_by(size, &["mkfs.xfs", "-q", "-f", "-m", "reflink=1"]),
+            "btrfs" => self.mount_storage_made_by(size, &["mkfs.btrfs", "-q", "-f"]),
+            other => panic!("{other} does not share extents here"),
+        }
+    }
+
+    /// The storage root on a fresh `size`-byte image made by `mkfs` (the
+    /// program and its options; the image is the last argument).
+    fn mount_storage_made_by(&self, size: u64, mkfs: &[&str]) -> MountedStorage<'_> {
+        let images = self.host("/images");
+        fs::create_dir_all(&images).unwrap();
+        let image = images.join("storage.img");
+        self.sparse_file_of(&image, size);
+        tool(mkfs[0], &[&mkfs[1..], &[image.to_str().unwrap()]].concat());
         let mount_point = self.host("/var/lib/sparse-volume");
         // util-linux sets autoclear on the loop device it makes here, so
         // the unmount releases it.
@@ -593,12 +609,36 @@ pub fn bound_by_hand(file: &Path, extra: &[&str]) -> String {
     tool("losetup", &args).trim().to_string()
 }
 
-/// Detaches a loop device a test bound when dropped, passed or failed.
-pub struct DetachOnDrop(pub String);
+/// Detaches a loop device a test bound when dropped, passed or failed,
+/// if it still holds the file it held when this was made: tests run in
+/// parallel, and a device the test detached itself may hold another
+/// test's file by then.
+pub struct DetachOnDrop {
+    device: String,
+    backing: Option<String>,
+}
+
+impl DetachOnDrop {
+    pub fn new(device: String) -> Self {
+        let backing = backing_file_of(&device);
+        Self { device, backing }
+    }
+
+    pub fn device(&self) -> &str {
+        &self.device
+    }
+}
+
+fn backing_file_of(device: &str) -> Option<String> {
+    let name = device.trim_start_matches("/dev/");
+    fs::read_to_string(format!("/sys/block/{name}/loop/backing_file")).ok()
+}
 
 impl Drop for DetachOnDrop {
     fn drop(&mut self) {
-        let _ = Command::new("losetup").args(["-d", &self.0]).status();
+        if self.backing.is_some() && backing_file_of(&self.device) == self.backing {
+            let _ = Command::new("losetup").args(["-d", &self.device]).status();
+        }
     }
 }
 

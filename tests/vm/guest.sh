@@ -26,6 +26,8 @@
 #                             package under test replaces it with volumes
 #                             attached and mounted: nothing detaches, no unit
 #                             restarts, the units now run the lean executable
+#   guest.sh clone            a clone of the mounted consumer, attached at
+#                             every later boot under its own UUID
 #   guest.sh readme-create    the README's first-volume commands, as written
 #   guest.sh readme-check     after the reboot: the README's check commands,
 #                             the volume back and mounted; then removed
@@ -72,14 +74,15 @@ only_loop_of() {
 # The backing file a volume's registry file names.
 file_of() { sed -n 's/^path = "\(.*\)"$/\1/p' "$VOLUMES_D/$1.toml"; }
 
-# Every enabled volume (a variable name of $STATE each).
-ENABLED_VOLUMES="EXT4 XFS BLOCK READONLY OTHER E4K X4K B4K"
+# Every enabled volume (a variable name of $STATE each; CLONE from the
+# clone phase on).
+ENABLED_VOLUMES="EXT4 XFS BLOCK READONLY OTHER E4K X4K B4K CLONE"
 
 # Every enabled volume but the one named has exactly one loop device.
 others_attached() {
     local except=$1 context=$2 name
     for name in $ENABLED_VOLUMES; do
-        [[ ${!name} == "$except" ]] && continue
+        [[ -z ${!name:-} || ${!name} == "$except" ]] && continue
         [[ $(losetup --noheadings -j "$(file_of "${!name}")" | grep -c .) -eq 1 ]] ||
             fail "$context: volume $name (${!name}) is no longer attached (expected the other volumes untouched)"
     done
@@ -273,6 +276,35 @@ EOF
 
     # list shows every volume and exits 1 because of the corrupt file.
     if $CLI list; then fail "list did not report the corrupt registry file"; fi
+}
+
+# A clone of the mounted consumer, made once the package is this version
+# (setup ran on the last release's, which has no clone). This storage
+# root shares no extents, so it is a copy while the consumer's file
+# system is frozen; enabled, it comes back at every boot under its own
+# UUID (verify checks both links), holding the consumer's payload.
+clone_consumer() {
+    # shellcheck disable=SC1090
+    . "$STATE"
+    local out clone device
+    out=$($CLI clone consumer --name consumer-clone --now --freeze-during-copy --json) ||
+        fail "clone of the mounted consumer: $out"
+    clone=$(json_field uuid <<<"$out")
+    [[ $(json_field consistency <<<"$out") == frozen && $(json_field method <<<"$out") == copy ]] ||
+        fail "clone of the mounted consumer: expected a frozen copy: $out"
+    echo "CLONE=$clone" >>"$STATE"
+    udevadm wait --timeout=30 "/dev/disk/by-uuid/$clone" ||
+        fail "no /dev/disk/by-uuid/$clone after clone --now"
+    device=$(only_loop_of "/var/lib/sparse-volume/$clone")
+    [[ $(readlink -f "/dev/disk/by-uuid/$clone") == "$device" ]] ||
+        fail "/dev/disk/by-uuid/$clone $(link_text "/dev/disk/by-uuid/$clone"), expected $device"
+    [[ $(readlink -f "/dev/disk/by-uuid/$EXT4") == "$(only_loop_of "/var/lib/sparse-volume/$EXT4")" ]] ||
+        fail "the clone moved its source's link: /dev/disk/by-uuid/$EXT4 $(link_text "/dev/disk/by-uuid/$EXT4")"
+    mkdir -p /mnt/clone
+    mount -o ro "/dev/disk/by-uuid/$clone" /mnt/clone
+    check_payload /mnt/clone consumer
+    umount /mnt/clone
+    log "clone $clone of the mounted consumer: $(json_field frozen_ms <<<"$out") ms frozen, its own link, the payload"
 }
 
 # The volumes on the 4K storage root: attached once, with 4096-byte
@@ -644,7 +676,7 @@ verify() {
     if [[ -z $(expected_switch) ]] && grep -q 'sparse_volume' /proc/cmdline; then
         fail "harness: boot $boot should have no sparse_volume switch on the kernel command line, has: $(</proc/cmdline)"
     fi
-    for uuid in "$EXT4" "$XFS" "$READONLY"; do
+    for uuid in "$EXT4" "$XFS" "$READONLY" ${CLONE:-}; do
         [[ " $skipped " == *" $uuid "* ]] && continue
         device=$(only_loop_of "/var/lib/sparse-volume/$uuid")
         [[ $(readlink -f "/dev/disk/by-uuid/$uuid") == "$device" ]] ||
@@ -1293,6 +1325,7 @@ systemd) systemd_commands ;;
 detach-by-link) detach_by_link ;;
 package) package ;;
 upgrade-from-previous) upgrade_from_previous ;;
+clone) clone_consumer ;;
 readme-create) readme_create ;;
 readme-check) readme_check ;;
 emergency-switch-doc) emergency_switch_doc ;;

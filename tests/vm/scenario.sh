@@ -152,6 +152,7 @@ vm_copy_in "$previous" /root/previous/
 vm_ssh "dpkg-deb -f /root/previous/${previous##*/} Version >/root/previous/version && dpkg -i /root/previous/${previous##*/}" </dev/null
 phase "setup, on the last release's package" setup
 phase "upgrade from the last release with volumes attached and mounted" upgrade-from-previous
+phase "a clone of the mounted consumer, under its own identity" clone
 if [[ ${SV_VM_QUICK:-0} == 1 ]]; then
     # For work on these steps only: no boot 1 and 2, no package phase.
     vm_log "SV_VM_QUICK=1: only the unit states and the two emergency-switch boots"

@@ -89,6 +89,38 @@ pub const COMMAND_DOCS: &[CommandDoc] = &[
         ],
     },
     CommandDoc {
+        name: "clone",
+        success: Some(
+            "A repeated clone (the same source, name and properties) changes nothing \
+             (\"changed\": false).",
+        ),
+        failure: Some(
+            "Also when the name is another volume's, when the space is not there (a \
+             reflink clone commits its size and what the source now shares), and when \
+             a copy of a volume in use could not be consistent: the storage cannot \
+             share extents and the source is attached (detach it, or freeze a mounted \
+             one with --freeze-during-copy), or it is a mounted xfs. Nothing is left \
+             then.",
+        ),
+        examples: &[
+            Example {
+                what: "A snapshot of pg-data before an upgrade (read-only, not attached \
+                       at boot; a mounted pg-data is frozen for the moment of the copy):",
+                commands: "sparse-volume clone pg-data --name pg-data-before-upgrade --snapshot",
+            },
+            Example {
+                what: "A writable copy for a test, attached now, on storage without \
+                       reflink (its writers wait for the copy):",
+                commands: "sparse-volume clone pg-data --name pg-test --now --freeze-during-copy",
+            },
+        ],
+        see_also: &[
+            "sparse-volume-create(8)",
+            "sparse-volume-list(8)",
+            "sparse-volume.toml(5)",
+        ],
+    },
+    CommandDoc {
         name: "remove",
         success: Some(
             "Also when no volume has the name given, or the UUID is not registered \

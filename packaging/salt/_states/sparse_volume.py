@@ -102,7 +102,9 @@ def present(name, **kwargs):
     Any other argument is a key of ``sparse-volume apply``: ``uuid``,
     ``size`` (bytes or ``10G``), ``mode`` (filesystem/block), ``fs_type``
     (ext4/xfs), ``path``, ``enabled``, ``read_only``, ``preallocate``,
-    ``sector_size``, ``mkfs_options``, ``now``. Omitted keys mean the
+    ``sector_size``, ``mkfs_options``, ``now``, and ``clone_of`` (make
+    it as a clone of that volume, its content at one instant; with
+    ``freeze_during_copy`` on storage without reflink). Omitted keys mean the
     default for a new volume and "leave as it is" for an existing one.
     A smaller size, or a different mode, file system, path, sector size,
     preallocation or mkfs options, is refused (result False) and never

@@ -881,7 +881,10 @@ fn storage_root_leftovers(
                     "interrupted-create",
                     None,
                     Some(&path),
-                    format!("{} is left over from an interrupted create", path.display()),
+                    format!(
+                        "{} is left over from an interrupted create or clone",
+                        path.display()
+                    ),
                     || fs::remove_file(&path).map_err(Into::into),
                 );
             } else if let Some(removed) = kept_for(&path) {

@@ -205,6 +205,7 @@ pub fn create_volume(registry: &Registry, request: &CreateRequest) -> Result<Cre
         preallocated: request.preallocate,
         name: request.name.clone(),
         sector_size,
+        origin: None,
     };
     // The parser's own rules, before anything exists on disk.
     volume.validate()?;

@@ -1,7 +1,8 @@
-//! Making, adopting, growing and removing volumes, and converging one to a
-//! desired state (`apply`, for config management).
+//! Making, cloning, adopting, growing and removing volumes, and converging
+//! one to a desired state (`apply`, for config management).
 
 pub mod apply;
+pub mod clone;
 pub mod create;
 pub mod register;
 pub mod remove;

@@ -150,6 +150,7 @@ fn adopt(registry: &Registry, request: &RegisterRequest) -> Result<RegisterRepor
         preallocated: false,
         name: request.name.clone(),
         sector_size,
+        origin: None,
     };
     volume.validate()?;
     if request.dry_run {

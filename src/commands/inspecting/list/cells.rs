@@ -1,6 +1,7 @@
 //! The compact table's cells: what a person reads at a glance, derived
 //! from the same [`VolumeInfo`] that `--json` prints.
 
+use crate::commands::inspecting::list::families::depths;
 use crate::commands::inspecting::list::terminal::{sanitise, truncate, width, Paint};
 use crate::engine::inspect::VolumeInfo;
 
@@ -130,6 +131,9 @@ pub fn short(volume: &VolumeInfo) -> bool {
 /// row still names one volume.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Label {
+    /// How many listed origins stand above the volume: a clone is drawn
+    /// under the volume it was cloned from.
+    depth: usize,
     /// The name, or empty for a volume without one.
     name: String,
     /// The short UUID: alone without a name, in parentheses after a
@@ -141,7 +145,12 @@ impl Label {
     /// The label in at most `max` columns: a long name is cut with `…`,
     /// the short UUID never.
     pub fn fit(&self, max: usize) -> String {
-        match (&self.id, self.name.is_empty()) {
+        let indent = match self.depth {
+            0 => String::new(),
+            depth => format!("{}└ ", "  ".repeat(depth - 1)),
+        };
+        let max = max.saturating_sub(width(&indent)).max(1);
+        let label = match (&self.id, self.name.is_empty()) {
             (Some(id), true) => id.clone(),
             (Some(id), false) => {
                 let suffix = format!(" ({id})");
@@ -149,8 +158,22 @@ impl Label {
                 format!("{}{suffix}", truncate(&self.name, room))
             }
             (None, _) => truncate(&self.name, max),
-        }
+        };
+        format!("{indent}{label}")
     }
+}
+
+/// The volume `v` was cloned from, by its name when it is listed with
+/// one, else by its UUID; `-` for a volume that is no clone.
+pub fn origin(v: &VolumeInfo, volumes: &[VolumeInfo]) -> String {
+    let Some(origin) = v.origin.as_deref() else {
+        return "-".into();
+    };
+    volumes
+        .iter()
+        .find(|o| o.uuid == origin)
+        .and_then(|o| o.name.as_deref())
+        .map_or_else(|| origin.to_string(), sanitise)
 }
 
 /// The labels of `volumes`, in their order.
@@ -165,7 +188,8 @@ pub fn labels(volumes: &[VolumeInfo]) -> Vec<Label> {
         .collect();
     volumes
         .iter()
-        .map(|v| {
+        .zip(depths(volumes))
+        .map(|(v, depth)| {
             let name = v.name.as_deref().map(sanitise).unwrap_or_default();
             let shared = !name.is_empty()
                 && volumes
@@ -174,6 +198,7 @@ pub fn labels(volumes: &[VolumeInfo]) -> Vec<Label> {
                     .count()
                     > 1;
             Label {
+                depth,
                 id: (name.is_empty() || shared).then(|| short_id(&v.uuid, &taken)),
                 name,
             }
@@ -244,10 +269,15 @@ mod tests {
     #[test]
     fn a_shared_name_keeps_its_id_when_cut() {
         let label = Label {
+            depth: 0,
             name: "postgres-data".into(),
             id: Some("6f1c2a8e".into()),
         };
         assert_eq!(label.fit(100), "postgres-data (6f1c2a8e)");
         assert_eq!(label.fit(16), "post… (6f1c2a8e)");
+        // A clone's label is indented under its origin, in the same room.
+        let clone = Label { depth: 2, ..label };
+        assert_eq!(clone.fit(100), "  └ postgres-data (6f1c2a8e)");
+        assert_eq!(clone.fit(20), "  └ post… (6f1c2a8e)");
     }
 }

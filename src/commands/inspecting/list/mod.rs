@@ -5,6 +5,7 @@
 //! but still shows every volume that reads.
 
 mod cells;
+mod families;
 mod footer;
 pub mod names;
 mod table;
@@ -141,7 +142,7 @@ pub fn listing(registry: &Registry, wide: bool) -> Result<ListReport> {
     let config = registry.config();
     Ok(ListReport {
         changed: false,
-        volumes,
+        volumes: families::clones_after_origins(volumes),
         errors,
         systemd_error,
         storage_roots: storage_root_usage(root, config, &valid, &files),

@@ -126,7 +126,7 @@ fn compact(report: &ListReport, style: &Style) -> Vec<String> {
 fn wide(report: &ListReport) -> Vec<String> {
     let header = [
         "UUID", "NAME", "MODE", "FS", "RO", "SIZE", "ALLOC", "ENABLED", "DEVICE", "I/O", "STATE",
-        "UNIT", "PATH",
+        "UNIT", "ORIGIN", "PATH",
     ];
     let mut rows: Vec<Vec<Cell>> = vec![header.iter().map(|h| Cell::plain(*h)).collect()];
     for v in &report.volumes {
@@ -151,6 +151,7 @@ fn wide(report: &ListReport) -> Vec<String> {
                 cells::io(v),
                 State::of(v).word().to_string(),
                 v.unit_state(),
+                cells::origin(v, &report.volumes),
                 v.path.display().to_string(),
             ]
             .into_iter()
@@ -158,7 +159,7 @@ fn wide(report: &ListReport) -> Vec<String> {
             .collect(),
         );
     }
-    aligned(&rows, &[Align::Left; 13], &Style::plain())
+    aligned(&rows, &[Align::Left; 14], &Style::plain())
 }
 
 /// Columns two spaces apart, sized on the columns the text takes on
@@ -193,4 +194,4 @@ fn aligned(rows: &[Vec<Cell>], align: &[Align], style: &Style) -> Vec<String> {
 }
 
 #[cfg(test)]
-mod tests;
+pub(super) mod tests;

@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use serde::Deserialize;
 
 use crate::volume::id::VolumeId;
-use crate::volume::reference::{check_name_as_reference, parse_uuid_any_case};
+use crate::volume::reference::{check_name_as_reference, parse_uuid_any_case, VolumeRef};
 use crate::volume::size::parse_size;
 use crate::volume::spec::ModeKind;
 use crate::volume::spec::{FsType, SECTOR_SIZES};
@@ -36,6 +36,11 @@ pub struct Desired {
     pub preallocate: Option<bool>,
     pub sector_size: Option<u32>,
     pub mkfs_options: Option<Vec<String>>,
+    /// Made as a clone of this volume (when it does not exist yet); an
+    /// existing volume must be its clone.
+    pub clone_of: Option<VolumeRef>,
+    /// For a clone on storage without reflink, of a mounted source.
+    pub freeze_during_copy: bool,
     pub delete_data: bool,
     pub now: bool,
 }
@@ -59,6 +64,8 @@ struct Document {
     preallocate: Option<bool>,
     sector_size: Option<u32>,
     mkfs_options: Option<Vec<String>>,
+    clone_of: Option<String>,
+    freeze_during_copy: Option<bool>,
     delete_data: Option<bool>,
     now: Option<bool>,
 }
@@ -100,6 +107,11 @@ impl Desired {
             preallocate: document.preallocate,
             sector_size: document.sector_size,
             mkfs_options: document.mkfs_options,
+            clone_of: document
+                .clone_of
+                .map(|text| text.parse::<VolumeRef>())
+                .transpose()?,
+            freeze_during_copy: document.freeze_during_copy.unwrap_or(false),
             delete_data: document.delete_data.unwrap_or(false),
             now: document.now.unwrap_or(false),
         };
@@ -126,6 +138,24 @@ impl Desired {
             && (self.fs_type.is_some() || self.mkfs_options.as_ref().is_some_and(|o| !o.is_empty()))
         {
             return Err("fs_type and mkfs_options are only valid in filesystem mode".into());
+        }
+        if self.clone_of.is_some() {
+            if self.name.is_none() {
+                return Err("a clone needs a name (it is how a repeated apply finds it)".into());
+            }
+            let made_by_clone = [
+                ("mode", self.mode.is_some()),
+                ("fs_type", self.fs_type.is_some()),
+                ("path", self.path.is_some()),
+                ("preallocate", self.preallocate.is_some()),
+                ("sector_size", self.sector_size.is_some()),
+                ("mkfs_options", self.mkfs_options.is_some()),
+            ];
+            if let Some((key, _)) = made_by_clone.iter().find(|(_, set)| *set) {
+                return Err(format!(
+                    "{key} is the source's in a clone; leave it out with clone_of"
+                ));
+            }
         }
         if self.state == State::Present && self.delete_data {
             return Err("delete_data is only valid with state absent".into());

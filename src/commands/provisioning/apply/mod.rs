@@ -11,6 +11,7 @@ mod record;
 use anyhow::{anyhow, bail, Context, Result};
 use serde::Serialize;
 
+use crate::commands::provisioning::clone::{clone_volume, CloneRequest};
 use crate::commands::provisioning::create::{
     create_volume, spec_differences, AskedSpec, CreateRequest, UUID_PLACEHOLDER,
 };
@@ -27,6 +28,7 @@ use crate::kernel::files::ExclusiveLock;
 use crate::registry::{Registry, Volume};
 use crate::systemd::Systemd;
 use crate::volume::id::VolumeId;
+use crate::volume::reference::VolumeRef;
 use crate::volume::size::format_size;
 use crate::volume::size::round_up_to_mib;
 use crate::volume::spec::{Mode, ModeKind};
@@ -290,6 +292,9 @@ impl Converge<'_> {
     fn create(&mut self) -> Result<Volume> {
         let registry = self.registry;
         let desired = self.desired;
+        if let Some(source) = &desired.clone_of {
+            return self.clone_from(source);
+        }
         let size = desired
             .size
             .context("the volume does not exist; a size is needed to create it")?;
@@ -341,6 +346,7 @@ impl Converge<'_> {
                 preallocated: created.preallocated,
                 name: desired.name.clone(),
                 sector_size: created.sector_size,
+                origin: None,
             }
         } else {
             registry.require(&id)?
@@ -348,8 +354,80 @@ impl Converge<'_> {
         self.settle(volume, None, created.changed)
     }
 
+    /// The volume made as a clone; then settled like a created one (grown,
+    /// started) by the same steps.
+    fn clone_from(&mut self, source: &VolumeRef) -> Result<Volume> {
+        let registry = self.registry;
+        let desired = self.desired;
+        let source = registry.resolve(source)?.id;
+        let name = desired
+            .name
+            .clone()
+            .context("a clone needs a name (it is how a repeated apply finds it)")?;
+        let request = CloneRequest {
+            source,
+            name,
+            uuid: desired.uuid,
+            read_only: desired.read_only.unwrap_or(false),
+            enabled: desired.enabled.unwrap_or(true),
+            freeze_during_copy: desired.freeze_during_copy,
+            grow_to: desired.size.map(round_up_to_mib).transpose()?,
+            now: false,
+            dry_run: self.dry_run,
+        };
+        let (cloned, volume) = clone_volume(registry, &request)?;
+        self.uuid = Some(volume.id);
+        let mut volume = if self.dry_run {
+            volume
+        } else {
+            registry.require(&volume.id)?
+        };
+        if cloned.changed {
+            self.actions.push(format!("clone {source}"));
+        }
+        match (self.dry_run && cloned.changed, desired.size) {
+            // A clone not made yet cannot run resize's checks: the plan
+            // says the grow, the real run checks it.
+            (true, Some(asked)) => {
+                let asked = round_up_to_mib(asked)?;
+                if asked < volume.size {
+                    bail!(
+                        "the clone has its source's size, {}; volumes never shrink",
+                        format_size(volume.size)
+                    );
+                }
+                if asked > volume.size {
+                    self.actions.push(format!(
+                        "resize {} to {}",
+                        format_size(volume.size),
+                        format_size(asked)
+                    ));
+                }
+            }
+            _ => self.grow_if_asked(&mut volume)?,
+        }
+        self.settle(volume, None, cloned.changed)
+    }
+
     fn update(&mut self, volume: Volume, before: Option<&VolumeRecord>) -> Result<Volume> {
         let desired = self.desired;
+        if let Some(asked) = &desired.clone_of {
+            let origin = volume.origin.map_or("none".to_string(), |o| o.to_string());
+            match (self.registry.resolve(asked), volume.origin) {
+                (Ok(resolved), Some(own)) if resolved.id == own => {}
+                // A clone outlives its source: a name nobody has now
+                // cannot be checked, and is no reason to stop converging.
+                (Err(_), Some(_)) => self.warnings.push(format!(
+                    "{asked} names no volume now; {} is a clone of {origin}, not checked against it",
+                    volume.id
+                )),
+                (Ok(resolved), _) => bail!(
+                    "the volume exists and is not a clone of {} (its origin: {origin}); a volume cannot become a clone",
+                    resolved.id
+                ),
+                (Err(error), None) => return Err(error),
+            }
+        }
         let (fs_type, mkfs_options) = match desired.mode {
             Some(ModeKind::Block) => (None, None),
             _ => (desired.fs_type, desired.mkfs_options.as_deref()),
@@ -372,25 +450,33 @@ impl Converge<'_> {
             );
         }
         let mut volume = volume;
-        if let Some(asked) = desired.size {
-            // Exactly the registered size is no change, whole MiB or not.
-            if asked != volume.size && round_up_to_mib(asked)? != volume.size {
-                // Refuses to shrink, with both sizes, like `resize`.
-                let grown = resize::grow(self.registry, &volume.id, asked, self.dry_run)
-                    .inspect_err(|error| {
-                        if error.is::<resize::PartlyGrown>() {
-                            self.actions.push(resize::PartlyGrown::ACTION.into());
-                        }
-                    })?;
-                self.actions.push(format!(
-                    "resize {} to {}",
-                    format_size(grown.old_size),
-                    format_size(grown.size)
-                ));
-                volume.size = grown.size;
-            }
-        }
+        self.grow_if_asked(&mut volume)?;
         self.settle(volume, before, false)
+    }
+
+    /// Grows the volume to the size asked, when that differs (a smaller
+    /// one is refused, with both sizes, like `resize`).
+    fn grow_if_asked(&mut self, volume: &mut Volume) -> Result<()> {
+        let Some(asked) = self.desired.size else {
+            return Ok(());
+        };
+        // Exactly the registered size is no change, whole MiB or not.
+        if asked == volume.size || round_up_to_mib(asked)? == volume.size {
+            return Ok(());
+        }
+        let grown =
+            resize::grow(self.registry, &volume.id, asked, self.dry_run).inspect_err(|error| {
+                if error.is::<resize::PartlyGrown>() {
+                    self.actions.push(resize::PartlyGrown::ACTION.into());
+                }
+            })?;
+        self.actions.push(format!(
+            "resize {} to {}",
+            format_size(grown.old_size),
+            format_size(grown.size)
+        ));
+        volume.size = grown.size;
+        Ok(())
     }
 
     /// The registry flags and, with `now`, the unit: the same for a volume

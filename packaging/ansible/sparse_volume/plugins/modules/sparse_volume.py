@@ -124,6 +124,21 @@ options:
         task fails, nothing changes); an empty list is no difference.
     type: list
     elements: str
+  clone_of:
+    description:
+      - Make the volume as a clone of this one (its UUID or name) when it does not exist, with
+        its content at one instant, under an identity of its own (C(sparse-volume clone)). Needs
+        O(name); O(mode), O(fs_type), O(path), O(preallocate), O(sector_size) and
+        O(mkfs_options) are the source's and must be left out.
+      - An existing volume that is not a clone of it is refused (the task fails, nothing
+        changes).
+    type: str
+  freeze_during_copy:
+    description:
+      - With O(clone_of), on storage that cannot share extents (no reflink), freeze a mounted
+        source for the whole copy (its writers wait) instead of failing. The CLI's default is
+        V(false).
+    type: bool
   delete_data:
     description:
       - With O(state=absent), delete the backing file too. The CLI's default is V(false).
@@ -288,7 +303,8 @@ from ansible_collections.sparse_volume.sparse_volume.plugins.module_utils.cli im
 # The keys of the CLI's desired-state document, named like the options.
 DOCUMENT_KEYS = (
     "state", "uuid", "name", "size", "mode", "fs_type", "path", "enabled",
-    "read_only", "preallocate", "sector_size", "mkfs_options", "delete_data", "now",
+    "read_only", "preallocate", "sector_size", "mkfs_options", "clone_of",
+    "freeze_during_copy", "delete_data", "now",
 )
 
 
@@ -318,6 +334,8 @@ def main():
             preallocate=dict(type="bool"),
             sector_size=dict(type="int", choices=[512, 4096]),
             mkfs_options=dict(type="list", elements="str"),
+            clone_of=dict(type="str"),
+            freeze_during_copy=dict(type="bool"),
             delete_data=dict(type="bool"),
             now=dict(type="bool"),
             binary=dict(type="str", default="sparse-volume"),

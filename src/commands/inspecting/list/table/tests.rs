@@ -40,6 +40,11 @@ const SPEC: Spec = Spec {
     fast: false,
 };
 
+/// A detached ext4 volume with this UUID, for other modules' tests.
+pub(in crate::commands::inspecting::list) fn volume_info(uuid: &'static str) -> VolumeInfo {
+    volume(Spec { uuid, ..SPEC })
+}
+
 fn volume(spec: Spec) -> VolumeInfo {
     let directory = if spec.fast {
         "/srv/fast"
@@ -51,6 +56,7 @@ fn volume(spec: Spec) -> VolumeInfo {
     VolumeInfo {
         uuid: spec.uuid.to_string(),
         name: spec.name.map(str::to_string),
+        origin: None,
         mode: if block { "block" } else { "filesystem" },
         fs_type: spec.fs.map(str::to_string),
         size: spec.size,
@@ -120,6 +126,18 @@ fn report(wide: bool) -> ListReport {
             active: "active",
             ..SPEC
         }),
+        // A snapshot of it, listed under it.
+        VolumeInfo {
+            origin: Some("0b6f3a52-8d1e-4c07-9f7a-2e5c1d8b4a90".into()),
+            ..volume(Spec {
+                uuid: "0c7a4b63-9e2f-4d18-a08b-3f6d2e9c5b01",
+                name: Some("postgres-data-before-upgrade"),
+                allocated: Some(12 * M),
+                enabled: false,
+                read_only: true,
+                ..SPEC
+            })
+        },
         volume(Spec {
             uuid: "1c2d3e4f-5a6b-4c7d-8e9f-0a1b2c3d4e5f",
             fs: None,
@@ -271,7 +289,7 @@ fn compact_listing_matches_the_golden_file() {
 fn a_narrower_terminal_cuts_names_not_columns() {
     let text = render(&report(false), &at(80));
     golden("compact-80.txt", &text);
-    let table: Vec<&str> = text.lines().take(11).collect();
+    let table: Vec<&str> = text.lines().take(12).collect();
     assert!(table.iter().all(|l| width(l) <= 80), "{text}");
     // Every row still shows its state: nothing but the name was cut.
     assert_eq!(
