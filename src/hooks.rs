@@ -66,6 +66,10 @@ points! {
         CloneBeforeRename => "clone:before-rename",
         CloneBeforeRegistry => "clone:before-registry",
         CloneBeforeUnmark => "clone:before-unmark",
+        /// The imported data is written and verified, the identity not
+        /// yet changed (under --new-uuid: the exported one).
+        ImportAfterData => "import:after-data",
+        ImportBeforeRename => "import:before-rename",
     }
 }
 

@@ -14,7 +14,9 @@ use sparse_volume::cli::usage::usage_error;
 use sparse_volume::cli::warnings::registry_warnings;
 use sparse_volume::commands::inspecting::{check, list, metrics, pv, status};
 use sparse_volume::commands::provisioning::remove::RemoveReport;
-use sparse_volume::commands::provisioning::{apply, clone, create, register, remove, resize};
+use sparse_volume::commands::provisioning::{
+    apply, clone, create, export, import, register, remove, resize,
+};
 use sparse_volume::commands::running::{attach, detach, enable, start};
 use sparse_volume::registry::paths::SystemRoot;
 use sparse_volume::registry::{NoSuchVolume, Registry, ResolvedBy};
@@ -41,6 +43,7 @@ fn main() -> ExitCode {
         dry_run: cli.command.dry_run(),
         uuid: cli.command.new_uuid().map(|id| id.to_string()),
         doing: cli.command.doing(None),
+        stream_on_stdout: cli.command.streams_to_stdout(),
     };
     if cli.command.needs_root() && !nix::unistd::geteuid().is_root() {
         return out.fail(NEEDS_ROOT, ExitCode::FAILURE);
@@ -98,6 +101,23 @@ fn run(
             Err(message) => out.usage(&message),
         },
         Command::Clone(args) => out.emit(clone::clone(registry, &args.request(id(), dry_run))),
+        Command::Export {
+            output,
+            freeze_during_copy,
+            ..
+        } => {
+            let request = export::ExportRequest {
+                volume: id(),
+                output: output.clone().filter(|p| p.as_os_str() != "-"),
+                freeze_during_copy: *freeze_during_copy,
+            };
+            let outcome = export::export(registry, &request);
+            match out.stream_on_stdout {
+                false => out.emit(outcome),
+                true => out.streamed(outcome),
+            }
+        }
+        Command::Import(args) => out.emit(import::import(registry, &args.request(dry_run))),
         Command::Register(args) => match args.request(dry_run) {
             Ok(request) => out.emit(register::register(registry, &request)),
             Err(message) => out.usage(&message),

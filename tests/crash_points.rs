@@ -257,6 +257,58 @@ fn crash_clone(fx: &Fixture, point: &str) -> Seen {
     seen
 }
 
+/// An import killed at each of its points (under a new UUID, so that the
+/// data written is the exported identity's until the end): nothing is
+/// registered, `check --repair` removes the file, and the same import
+/// run again makes the volume.
+fn crash_import(fx: &Fixture, point: &str) -> Seen {
+    let source = new_uuid();
+    run_ok(fx, &["create", "--size", "32M", "--uuid", &source]);
+    run_ok(fx, &["attach", &source]);
+    let data = write_data(fx, &source);
+    run_ok(fx, &["detach", &source]);
+    let stream = fx.host("/export.tar");
+    let _ = fs::remove_file(&stream);
+    run_ok(
+        fx,
+        &[
+            "export",
+            &source,
+            "--output",
+            stream.to_str().expect("UTF-8 path"),
+        ],
+    );
+    let args = [
+        "import",
+        "--input",
+        stream.to_str().expect("UTF-8 path"),
+        "--new-uuid",
+        "--name",
+        "copy",
+    ];
+    crash(fx, point, &args);
+    assert!(
+        !run_ok(fx, &["list", "--names"]).stdout.contains("copy"),
+        "{point}: registered"
+    );
+    let seen = check_and_repair(fx);
+    assert_eq!(
+        seen.after_repair,
+        Vec::<String>::new(),
+        "{point}: repair left findings"
+    );
+    let again = run_ok(fx, &[&args[..], &["--json"]].concat()).json();
+    let copy = again["uuid"].as_str().expect("uuid").to_string();
+    assert_eq!(blkid_uuid(&fx.backing(&copy)), copy, "{point}: identity");
+    assert_eq!(blkid_uuid(&fx.backing(&source)), source, "{point}");
+    fsck_clean(&fx.backing(&copy));
+    run_ok(fx, &["attach", &copy]);
+    assert!(read_data(fx, &copy) == data, "{point}: the import's data");
+    run_ok(fx, &["detach", &copy]);
+    assert_clean(fx, point);
+    seen
+}
+
 fn write_synced(path: &Path, data: &[u8]) {
     use std::io::Write;
     let mut file = fs::File::create(path).expect("creating a file");
@@ -427,6 +479,7 @@ fn every_crash_point_is_repaired_and_the_operation_completes_when_repeated() {
             | Crash::CloneBeforeRename
             | Crash::CloneBeforeRegistry
             | Crash::CloneBeforeUnmark => crash_clone(&fx, name),
+            Crash::ImportAfterData | Crash::ImportBeforeRename => crash_import(&fx, name),
         };
         table.push(format!(
             "  {name:<24} check after the kill: {:?}; after --repair: {:?}",

@@ -10,6 +10,7 @@ use crate::commands::inspecting::pv::{ManifestFormat, PvRequest, Reclaim};
 use crate::commands::provisioning::apply::desired::{Desired, State};
 use crate::commands::provisioning::clone::CloneRequest;
 use crate::commands::provisioning::create::CreateRequest;
+use crate::commands::provisioning::import::ImportRequest;
 use crate::commands::provisioning::register::{RegisterMode, RegisterRequest};
 use crate::volume::id::VolumeId;
 use crate::volume::reference::{check_name_as_reference, parse_uuid_any_case, VolumeRef};
@@ -45,6 +46,27 @@ pub enum Command {
     Create(CreateArgs),
     /// Adopt an existing backing file whose content carries the UUID.
     Register(RegisterArgs),
+    /// Write a volume as one stream: a tar (sparse member, holes kept)
+    /// with its spec and a checksum, from one instant of it.
+    ///
+    /// `sparse-volume export U | ssh node2 sparse-volume import` moves a
+    /// volume to another node. A volume in use is read from a reflink
+    /// taken for the export (frozen for that moment when mounted).
+    Export {
+        /// The volume: its UUID, its name, the beginning of its UUID (8 or more characters), its loop device or its backing file.
+        #[arg(value_name = "VOLUME")]
+        volume: VolumeRef,
+        /// Write the stream to this file (made new, named once complete)
+        /// instead of standard output.
+        #[arg(long, value_name = "FILE")]
+        output: Option<PathBuf>,
+        /// Where the storage cannot share extents, freeze a mounted volume
+        /// for the whole copy the export is read from.
+        #[arg(long)]
+        freeze_during_copy: bool,
+    },
+    /// Make a volume from an `export` stream, its checksum verified first.
+    Import(ImportArgs),
     /// Make a new volume whose content is another's at one instant.
     ///
     /// The copy gets an identity of its own (file system UUID, or GPT
@@ -417,10 +439,45 @@ pub struct CreateArgs {
 }
 
 #[derive(Debug, Args)]
+pub struct ImportArgs {
+    /// Read the stream from this file instead of standard input.
+    #[arg(long, value_name = "FILE")]
+    pub input: Option<PathBuf>,
+    /// The volume's name here (default: the exported volume's).
+    #[arg(long, value_parser = parse_name_arg, value_hint = ValueHint::Other)]
+    pub name: Option<String>,
+    /// Keep the exported UUID (the default: a move; refused when a volume
+    /// here has it).
+    #[arg(long, conflicts_with = "new_uuid")]
+    pub keep_uuid: bool,
+    /// A new UUID, and a new identity in the content (a copy beside the
+    /// original).
+    #[arg(long)]
+    pub new_uuid: bool,
+    /// Also attach the volume now.
+    #[arg(long)]
+    pub now: bool,
+    #[command(flatten)]
+    pub dry: DryRun,
+}
+
+impl ImportArgs {
+    pub fn request(&self, dry_run: bool) -> ImportRequest {
+        ImportRequest {
+            input: self.input.clone().filter(|p| p.as_os_str() != "-"),
+            name: self.name.clone(),
+            new_uuid: self.new_uuid,
+            now: self.now,
+            dry_run,
+        }
+    }
+}
+
+#[derive(Debug, Args)]
 pub struct CloneArgs {
     /// The volume to copy: its UUID, its name, the beginning of its UUID (8 or more characters), its loop device or its backing file.
-    #[arg(value_name = "SOURCE")]
-    pub source: VolumeRef,
+    #[arg(value_name = "VOLUME")]
+    pub volume: VolumeRef,
     /// The clone's name (required: it is how a repeated clone is known).
     #[arg(long, value_parser = parse_name_arg, value_hint = ValueHint::Other)]
     pub name: String,
@@ -592,9 +649,11 @@ impl Command {
             | Command::Stop { volume, .. }
             | Command::Status { volume } => Some(volume),
             Command::Pv(args) => args.volume.as_ref(),
-            Command::Clone(args) => Some(&args.source),
+            Command::Clone(args) => Some(&args.volume),
+            Command::Export { volume, .. } => Some(volume),
             Command::Create(_)
             | Command::Apply(_)
+            | Command::Import(_)
             | Command::Register(_)
             | Command::Check { .. }
             | Command::List { .. }
@@ -626,6 +685,8 @@ impl Command {
             },
             Command::Register(args) => format!("registering {}", args.uuid),
             Command::Clone(args) => format!("cloning{volume} into {:?}", args.name),
+            Command::Export { .. } => format!("exporting{volume}"),
+            Command::Import(_) => "importing a volume".into(),
             Command::Remove { .. } => format!("removing{volume}"),
             Command::Resize { .. } => format!("resizing{volume}"),
             Command::Attach { .. } => format!("attaching{volume}"),
@@ -651,6 +712,7 @@ impl Command {
             Command::Create(CreateArgs { dry, .. })
             | Command::Register(RegisterArgs { dry, .. })
             | Command::Clone(CloneArgs { dry, .. })
+            | Command::Import(ImportArgs { dry, .. })
             | Command::Apply(ApplyArgs { dry, .. })
             | Command::Remove { dry, .. }
             | Command::Resize { dry, .. }
@@ -664,8 +726,14 @@ impl Command {
             Command::List { .. }
             | Command::Status { .. }
             | Command::Metrics { .. }
+            | Command::Export { .. }
             | Command::Pv(_) => false,
         }
+    }
+
+    /// Standard output carries a stream, not a report: `export` to `-`.
+    pub fn streams_to_stdout(&self) -> bool {
+        matches!(self, Command::Export { output, .. } if output.as_ref().is_none_or(|p| p.as_os_str() == "-"))
     }
 
     /// The UUID a command gives a volume it makes, when the user chose it.

@@ -29,6 +29,9 @@ pub struct Output {
     /// What the command does, the first words of a failure's line:
     /// "attaching U: …".
     pub doing: String,
+    /// Standard output carries a stream (`export` to `-`): every report
+    /// and failure goes to standard error.
+    pub stream_on_stdout: bool,
 }
 
 impl Output {
@@ -62,6 +65,36 @@ impl Output {
             ExitCode::SUCCESS
         } else {
             ExitCode::FAILURE
+        }
+    }
+
+    /// [`Output::emit`] for a command whose standard output carries a
+    /// stream (`export` to `-`): the report, or the failure, goes to
+    /// standard error, as a line or (`--json`) an object.
+    pub fn streamed<R: Report>(&self, outcome: Outcome<R>) -> ExitCode {
+        clear_progress();
+        match outcome {
+            Ok(report) => {
+                for warning in report.warnings() {
+                    warn(&warning);
+                }
+                if self.json {
+                    match serde_json::to_string(&report) {
+                        Ok(text) => eprintln!("{text}"),
+                        Err(e) => eprintln!("sparse-volume: cannot render the report as JSON: {e}"),
+                    }
+                } else {
+                    eprintln!("sparse-volume: {}", report.human());
+                }
+                ExitCode::SUCCESS
+            }
+            Err(failure) => {
+                let message = match &failure {
+                    Failure::Unchanged(error) => format!("{}: {error:#}", self.doing),
+                    Failure::PartlyApplied { error, .. } => format!("{}: {error:#}", self.doing),
+                };
+                self.fail(&message, ExitCode::FAILURE)
+            }
         }
     }
 
@@ -124,15 +157,17 @@ impl Output {
         clear_progress();
         eprintln!("sparse-volume: {message}");
         if self.json {
-            println!(
-                "{}",
-                serde_json::json!({
-                    "changed": false,
-                    "uuid": self.uuid,
-                    "dry_run": self.dry_run,
-                    "error": message,
-                })
-            );
+            let object = serde_json::json!({
+                "changed": false,
+                "uuid": self.uuid,
+                "dry_run": self.dry_run,
+                "error": message,
+            });
+            if self.stream_on_stdout {
+                eprintln!("{object}");
+            } else {
+                println!("{object}");
+            }
         }
         code
     }

@@ -35,6 +35,12 @@ pub fn usage_error(error: clap::Error, args: &[String]) -> ExitCode {
         dry_run: args.iter().any(|arg| arg == "--dry-run"),
         uuid: None,
         doing: String::new(),
+        // A usage error of `export` to standard output must not write its
+        // object into a pipe that expects the stream.
+        stream_on_stdout: args.get(1).is_some_and(|a| a == "export")
+            && !args
+                .iter()
+                .any(|a| a == "--output" || a.starts_with("--output=")),
     };
     out.fail(&message, ExitCode::from(2))
 }

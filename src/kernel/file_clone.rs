@@ -68,9 +68,26 @@ fn copy_data_ranges(source: &File, target: &File, mut in_kernel: bool) -> Result
         .context("reading the source's length")?
         .len();
     let mut copied = 0u64;
+    for (start, length) in data_ranges(source, size)? {
+        copy_range(source, target, start, length, &mut in_kernel)?;
+        copied += length;
+    }
+    // After the last data range: a trailing hole is a length, not zeros.
+    target
+        .set_len(size)
+        .with_context(|| format!("setting the copy's length to {size} bytes"))?;
+    Ok(copied)
+}
+
+/// The data ranges of `[0, size)` of `file`, (start, length) in order
+/// (`SEEK_DATA`/`SEEK_HOLE`): what a copy or a stream of it must carry;
+/// the rest reads as zeros. Preallocated (unwritten) extents are holes
+/// here. The file's offset is moved.
+pub fn data_ranges(file: &File, size: u64) -> Result<Vec<(u64, u64)>> {
+    let mut ranges = Vec::new();
     let mut offset = 0u64;
     while offset < size {
-        let Some(data) = seek(source, offset, Whence::SeekData)? else {
+        let Some(data) = seek(file, offset, Whence::SeekData)? else {
             // ENXIO: no data from `offset` to the end.
             break;
         };
@@ -78,9 +95,9 @@ fn copy_data_ranges(source: &File, target: &File, mut in_kernel: bool) -> Result
             break;
         }
         // Every file has an implicit hole at its end, so this finds one
-        // unless the file shrank meanwhile; the length read above bounds
-        // the copy either way.
-        let hole = seek(source, data, Whence::SeekHole)?
+        // unless the file shrank meanwhile; `size` bounds the ranges
+        // either way.
+        let hole = seek(file, data, Whence::SeekHole)?
             .unwrap_or(size)
             .min(size);
         if hole <= data {
@@ -88,15 +105,10 @@ fn copy_data_ranges(source: &File, target: &File, mut in_kernel: bool) -> Result
             offset = data.saturating_add(1);
             continue;
         }
-        copy_range(source, target, data, hole - data, &mut in_kernel)?;
-        copied += hole - data;
+        ranges.push((data, hole - data));
         offset = hole;
     }
-    // After the last data range: a trailing hole is a length, not zeros.
-    target
-        .set_len(size)
-        .with_context(|| format!("setting the copy's length to {size} bytes"))?;
-    Ok(copied)
+    Ok(ranges)
 }
 
 /// `lseek` to the next data (`SeekData`) or hole (`SeekHole`) at or after

@@ -3,7 +3,7 @@
 
 use std::fs::{self, File, OpenOptions};
 use std::io::Write;
-use std::os::fd::{FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -51,6 +51,34 @@ fn replace(path: &Path, contents: &[u8], mode: u32, durable: bool) -> Result<()>
         sync_dir(dir)?;
     }
     Ok(())
+}
+
+/// A file without a name in `directory` (`O_TMPFILE`), open for reading
+/// and writing: whatever happens to the process, it vanishes unless
+/// [`name_unnamed`] gives it a name.
+pub fn unnamed_file_in(directory: &Path) -> Result<File> {
+    OpenOptions::new()
+        .read(true)
+        .write(true)
+        .mode(0o600)
+        .custom_flags(libc::O_TMPFILE | libc::O_CLOEXEC)
+        .open(directory)
+        .with_context(|| format!("making an unnamed file in {}", directory.display()))
+}
+
+/// Gives a file made by [`unnamed_file_in`] the name `path` (in the same
+/// directory), durably; never replaces a file (`EEXIST`).
+pub fn name_unnamed(file: &File, path: &Path) -> Result<()> {
+    let descriptor = PathBuf::from(format!("/proc/self/fd/{}", file.as_raw_fd()));
+    nix::unistd::linkat(
+        None,
+        descriptor.as_path(),
+        None,
+        path,
+        nix::fcntl::AtFlags::AT_SYMLINK_FOLLOW,
+    )
+    .with_context(|| format!("naming {}", path.display()))?;
+    sync_dir(parent_dir(path)?)
 }
 
 /// Creates `relative` (which must not exist) in the directory open as

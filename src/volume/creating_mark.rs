@@ -49,6 +49,29 @@ pub fn set_creating_mark(file: &File, id: &VolumeId) {
     }
 }
 
+/// The new, empty file at `temporary` (a hidden name), open for reading
+/// and writing, marked as being made for `id`; refused when the name is
+/// taken (a leftover of an earlier, interrupted run to this very UUID,
+/// which `check --repair` decides about, the whole registry in view).
+pub fn create_marked(temporary: &Path, id: &VolumeId) -> Result<File> {
+    if std::fs::symlink_metadata(temporary).is_ok() {
+        anyhow::bail!(
+            "{} is left over from an interrupted create, clone or import; `sparse-volume check --repair` removes it",
+            temporary.display()
+        );
+    }
+    let file = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .custom_flags(libc::O_CLOEXEC | libc::O_NOFOLLOW)
+        .open(temporary)
+        .with_context(|| format!("creating {}", temporary.display()))?;
+    set_creating_mark(&file, id);
+    Ok(file)
+}
+
 /// Removes the mark and makes that durable: a mark that comes back after
 /// a crash would make a registered volume's file look like a leftover.
 pub fn clear_creating_mark(path: &Path) -> Result<()> {

@@ -3,6 +3,7 @@
 //! probe, the GPT layout), opening that file safely, the marks a create or
 //! a grow leaves on it, and the file system tools that make and grow it.
 
+pub mod archive;
 pub mod backing_file;
 pub mod creating_mark;
 pub mod filesystem;

@@ -26,8 +26,9 @@
 #                             package under test replaces it with volumes
 #                             attached and mounted: nothing detaches, no unit
 #                             restarts, the units now run the lean executable
-#   guest.sh clone            a clone of the mounted consumer, attached at
-#                             every later boot under its own UUID
+#   guest.sh clone            a clone of the mounted consumer, and an import
+#                             of its export, attached at every later boot
+#                             under their own UUIDs
 #   guest.sh readme-create    the README's first-volume commands, as written
 #   guest.sh readme-check     after the reboot: the README's check commands,
 #                             the volume back and mounted; then removed
@@ -74,9 +75,9 @@ only_loop_of() {
 # The backing file a volume's registry file names.
 file_of() { sed -n 's/^path = "\(.*\)"$/\1/p' "$VOLUMES_D/$1.toml"; }
 
-# Every enabled volume (a variable name of $STATE each; CLONE from the
-# clone phase on).
-ENABLED_VOLUMES="EXT4 XFS BLOCK READONLY OTHER E4K X4K B4K CLONE"
+# Every enabled volume (a variable name of $STATE each; CLONE and
+# IMPORTED from the clone phase on).
+ENABLED_VOLUMES="EXT4 XFS BLOCK READONLY OTHER E4K X4K B4K CLONE IMPORTED"
 
 # Every enabled volume but the one named has exactly one loop device.
 others_attached() {
@@ -305,6 +306,21 @@ clone_consumer() {
     check_payload /mnt/clone consumer
     umount /mnt/clone
     log "clone $clone of the mounted consumer: $(json_field frozen_ms <<<"$out") ms frozen, its own link, the payload"
+
+    # The clone exported and imported again beside it under a new UUID,
+    # as a volume moved from another node would come: attached at every
+    # later boot too.
+    local imported
+    out=$($CLI export consumer-clone | $CLI import --new-uuid --name consumer-import --now --json) ||
+        fail "export | import --new-uuid of the clone: $out"
+    imported=$(json_field uuid <<<"$out")
+    echo "IMPORTED=$imported" >>"$STATE"
+    udevadm wait --timeout=30 "/dev/disk/by-uuid/$imported" ||
+        fail "no /dev/disk/by-uuid/$imported after import --now"
+    mount -o ro "/dev/disk/by-uuid/$imported" /mnt/clone
+    check_payload /mnt/clone consumer
+    umount /mnt/clone
+    log "imported $imported from an export of the clone: its own link, the payload"
 }
 
 # The volumes on the 4K storage root: attached once, with 4096-byte
@@ -676,7 +692,7 @@ verify() {
     if [[ -z $(expected_switch) ]] && grep -q 'sparse_volume' /proc/cmdline; then
         fail "harness: boot $boot should have no sparse_volume switch on the kernel command line, has: $(</proc/cmdline)"
     fi
-    for uuid in "$EXT4" "$XFS" "$READONLY" ${CLONE:-}; do
+    for uuid in "$EXT4" "$XFS" "$READONLY" ${CLONE:-} ${IMPORTED:-}; do
         [[ " $skipped " == *" $uuid "* ]] && continue
         device=$(only_loop_of "/var/lib/sparse-volume/$uuid")
         [[ $(readlink -f "/dev/disk/by-uuid/$uuid") == "$device" ]] ||

@@ -121,6 +121,43 @@ pub const COMMAND_DOCS: &[CommandDoc] = &[
         ],
     },
     CommandDoc {
+        name: "export",
+        success: None,
+        failure: Some(
+            "Also when the volume is in use on storage that cannot share extents and \
+             --freeze-during-copy was not given, or when the output file exists; a \
+             file named by --output is always a whole export.",
+        ),
+        examples: &[
+            Example {
+                what: "A copy of pg-data beside it, through a pipe:",
+                commands: "sparse-volume export pg-data | sparse-volume import --new-uuid --name pg-data-copy",
+            },
+            Example {
+                what: "Into a file, which GNU tar reads too (a sparse member, a manifest, a \
+                       checksum):",
+                commands: "sparse-volume export pg-data --output /var/backups/pg-data.tar\n\
+                           tar -tvf /var/backups/pg-data.tar",
+            },
+        ],
+        see_also: &["sparse-volume-import(8)", "sparse-volume-clone(8)", "tar(1)"],
+    },
+    CommandDoc {
+        name: "import",
+        success: None,
+        failure: Some(
+            "Also when the stream is damaged or cut (checked before anything is \
+             registered; nothing is left), when a volume here has its UUID (use \
+             --new-uuid) or its name (use --name), or when the space is not there.",
+        ),
+        examples: &[Example {
+            what: "A copy of an exported volume, beside the original (a new UUID, and a \
+                   new identity in its content):",
+            commands: "sparse-volume import --input /var/backups/pg-data.tar --new-uuid --name pg-data-restored",
+        }],
+        see_also: &["sparse-volume-export(8)", "sparse-volume-create(8)"],
+    },
+    CommandDoc {
         name: "remove",
         success: Some(
             "Also when no volume has the name given, or the UUID is not registered \

@@ -377,8 +377,8 @@ mod tests {
         assert_eq!(
             names,
             [
-                "attach", "detach", "disable", "enable", "pv", "remove", "resize", "start",
-                "status", "stop"
+                "attach", "clone", "detach", "disable", "enable", "export", "pv", "remove",
+                "resize", "start", "status", "stop"
             ]
         );
         for option in [
@@ -402,7 +402,7 @@ mod tests {
         let scripts = Scripts::new();
         let zsh = fs::read_to_string(scripts.script(&format!("_{BIN}"))).unwrap();
         let volume_args = zsh.lines().filter(|l| l.contains(":volume -- ")).count();
-        assert_eq!(volume_args, 10, "{zsh}");
+        assert_eq!(volume_args, 12, "{zsh}");
         assert_eq!(
             zsh.lines()
                 .filter(

@@ -882,7 +882,7 @@ fn storage_root_leftovers(
                     None,
                     Some(&path),
                     format!(
-                        "{} is left over from an interrupted create or clone",
+                        "{} is left over from an interrupted create, clone or import",
                         path.display()
                     ),
                     || fs::remove_file(&path).map_err(Into::into),

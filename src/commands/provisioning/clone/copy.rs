@@ -5,7 +5,6 @@
 //! freeze outlives no kill of ours (`kernel::freeze`).
 
 use std::fs::File;
-use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -15,6 +14,7 @@ use nix::errno::Errno;
 use crate::hooks::{self, Crash};
 use crate::kernel::extents::allocated_bytes;
 use crate::kernel::file_clone::{copy_keeping_holes, reflink};
+use crate::kernel::files::unnamed_file_in;
 use crate::kernel::freeze::{self as file_system_freeze, Frozen};
 use crate::kernel::holders::mounted_device_numbers_of_loop;
 use crate::kernel::loop_device::{self, LoopDevice};
@@ -130,6 +130,11 @@ impl InUse {
             .map(Some)
     }
 
+    /// A loop device has the file.
+    pub fn attached(&self) -> bool {
+        !self.devices.is_empty()
+    }
+
     fn device_names(&self) -> String {
         self.devices
             .iter()
@@ -210,16 +215,7 @@ pub fn plan(
     in_use: &InUse,
     freeze_during_copy: bool,
 ) -> Result<Copied> {
-    let directory = source_path
-        .parent()
-        .context("the backing file path has no directory")?;
-    let unnamed = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .mode(0o600)
-        .custom_flags(libc::O_TMPFILE | libc::O_CLOEXEC)
-        .open(directory)
-        .with_context(|| format!("making an unnamed file in {}", directory.display()))?;
+    let unnamed = unnamed_file_beside(source_path)?;
     let shares = match reflink(source, &unnamed) {
         Ok(()) => true,
         Err(error) if cannot_share(error) => false,
@@ -242,6 +238,15 @@ pub fn plan(
     })
 }
 
+/// A file without a name in `path`'s directory (on its file system, so a
+/// reflink to it can work), which vanishes when closed, whatever happens.
+pub fn unnamed_file_beside(path: &Path) -> Result<File> {
+    let directory = path
+        .parent()
+        .context("the backing file path has no directory")?;
+    unnamed_file_in(directory)
+}
+
 /// A copy of a source in use is consistent only while its file system is
 /// frozen for the whole copy, which the operator must ask for: where to
 /// freeze, None for a source nothing has, or the refusal.
@@ -256,7 +261,7 @@ fn point_to_freeze_for_a_copy<'a>(
     match in_use.mount_point() {
         Some(point) if freeze_during_copy => Ok(Some(point)),
         Some(point) => bail!(
-            "the storage cannot share extents (no reflink: ext4, or xfs made without reflink), so the clone is a copy of {} of data, and the file system is mounted on {}: a copy while it is written would not be consistent; add --freeze-during-copy to freeze it for the whole copy (its writers wait until the copy ends), or unmount and detach it first",
+            "the storage cannot share extents (no reflink: ext4, or xfs made without reflink), so {} of data must be copied, and the file system is mounted on {}: a copy while it is written would not be consistent; add --freeze-during-copy to freeze it for the whole copy (its writers wait until the copy ends), or unmount and detach it first",
             format_size(allocated_bytes_of(source)?),
             point.display()
         ),

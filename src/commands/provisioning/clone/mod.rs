@@ -4,10 +4,9 @@
 //! so a crash at any point leaves nothing or what `check --repair`
 //! removes, and never a consumer's file system frozen (see `copy`).
 
-mod copy;
+pub(in crate::commands::provisioning) mod copy;
 
-use std::fs::{self, File, OpenOptions};
-use std::os::unix::fs::OpenOptionsExt;
+use std::fs;
 use std::path::{Path, PathBuf};
 
 use uuid::Uuid;
@@ -20,15 +19,14 @@ use self::copy::{copy_consistently, Copied, InUse};
 use crate::commands::report::{Failure, Outcome, Report};
 use crate::engine::activate::bring_up_now;
 use crate::engine::capacity;
+use crate::engine::identity::{consumer_file_system, renew_identity};
 use crate::hooks::{self, Crash};
 use crate::kernel::files::sync_dir;
 use crate::registry::{check_path, Registry, Volume};
 use crate::volume::backing_file::open_backing_file;
-use crate::volume::creating_mark::{clear_creating_mark, creating_path, set_creating_mark};
-use crate::volume::filesystem::renew_uuid;
-use crate::volume::gpt_layout;
+use crate::volume::creating_mark::{clear_creating_mark, create_marked, creating_path};
 use crate::volume::id::VolumeId;
-use crate::volume::probe::{expected_content, filesystem_at, identifies, probe, Content};
+use crate::volume::probe::{expected_content, identifies, probe};
 use crate::volume::spec::{FsType, Mode};
 
 #[derive(Debug, Clone)]
@@ -82,25 +80,21 @@ pub struct CloneReport {
 impl Report for CloneReport {
     fn human(&self) -> String {
         let uuid = self.uuid.as_deref().unwrap_or("a new UUID");
-        if !self.changed {
-            return format!(
-                "{} ({uuid}) is already a clone of {}",
+        let mut text = match self.method {
+            // A repeat: the copy made before is kept, not taken again.
+            None => format!(
+                "{} ({uuid}) is already a clone of {}: nothing copied (the copy made before is kept; remove it first for a new one)",
                 self.name, self.origin
-            );
-        }
-        let mut text = format!(
-            "cloned {} into {} ({uuid}) at {}",
-            self.origin,
-            self.name,
-            self.path.display()
-        );
-        if let (Some(method), Some(consistency)) = (self.method, self.consistency) {
-            text.push_str(&format!(" by {method}, {consistency}"));
-        }
-        if let Some(ms) = self.frozen_ms {
-            text.push_str(&format!(" (frozen for {ms} ms)"));
-        }
-        if self.read_only && !self.enabled {
+            ),
+            Some(method) => format!(
+                "cloned {} into {} ({uuid}) at {} by {method}, {}",
+                self.origin,
+                self.name,
+                self.path.display(),
+                self.how_consistent()
+            ),
+        };
+        if self.method.is_some() && self.read_only && !self.enabled {
             text.push_str("; a snapshot: read-only, not attached at boot");
         }
         if let Some(device) = &self.device {
@@ -122,10 +116,21 @@ impl Report for CloneReport {
             self.name,
             self.path.display()
         );
-        if let (Some(method), Some(consistency)) = (self.method, self.consistency) {
-            text.push_str(&format!(" by {method}, {consistency}"));
+        if let Some(method) = self.method {
+            text.push_str(&format!(" by {method}, {}", self.how_consistent()));
         }
         text
+    }
+}
+
+impl CloneReport {
+    /// `frozen for 4 ms`, `crash-consistent`, `offline`.
+    fn how_consistent(&self) -> String {
+        match (self.consistency, self.frozen_ms) {
+            (Some("frozen"), Some(ms)) => format!("frozen for {ms} ms"),
+            (Some(consistency), _) => consistency.to_string(),
+            (None, _) => String::new(),
+        }
     }
 }
 
@@ -382,6 +387,12 @@ fn remove_ours(temporary: &Path) {
 /// The name is taken: by a clone of this source with what is asked, a
 /// repeated clone (unchanged); by anything else, a refusal.
 fn already_cloned(named: &Volume, source: &Volume, request: &CloneRequest) -> Result<()> {
+    if named.id == source.id {
+        bail!(
+            "{:?} is the volume to copy itself; give the clone a name of its own",
+            request.name
+        );
+    }
     if named.origin != Some(source.id) {
         bail!(
             "the name {:?} is already given to volume {}, which is not a clone of {}; a name names one volume on a node",
@@ -439,99 +450,4 @@ fn refuse_what_cannot_be_renamed(source: &Volume, in_use: &InUse) -> Result<()> 
         "{} is an xfs {place}: the copy of an xfs in use keeps changes in its log that only a mount replays, and its UUID cannot change before; unmount it for the clone (a snapshot of an unmounted xfs is consistent), or use ext4",
         source.id
     )
-}
-
-/// A file system the consumer made inside a block volume's partition: a
-/// copy would carry its UUID (two `/dev/disk/by-uuid` links fighting for
-/// it). ext4 gets a new one in the copy; xfs cannot (its tools take no
-/// offset into a file), so such a volume is not cloned. (type, UUID, where
-/// the partition starts)
-fn consumer_file_system(file: &File, source: &Volume) -> Result<Option<(FsType, Uuid, u64)>> {
-    if !source.mode.is_block() {
-        return Ok(None);
-    }
-    let Some(start) = gpt_layout::partition_start(file, source.sector_size) else {
-        return Ok(None);
-    };
-    let Some(Content::Filesystem { fs_type, uuid, .. }) = filesystem_at(file, start)? else {
-        return Ok(None);
-    };
-    if fs_type == FsType::Xfs {
-        bail!(
-            "the partition of block volume {} holds an xfs (UUID {uuid}) that its consumer made: a clone would carry that UUID too (xfs refuses to mount the second, and /dev/disk/by-uuid/{uuid} would lead to either), and xfs_admin cannot change it inside a partition; not cloned",
-            source.id
-        );
-    }
-    Ok(Some((fs_type, uuid, start)))
-}
-
-/// The new, empty file, marked as being made for `id`.
-fn create_marked(temporary: &Path, id: &VolumeId) -> Result<File> {
-    if fs::symlink_metadata(temporary).is_ok() {
-        // A leftover of an earlier clone to this very UUID: `check
-        // --repair` decides about it, with the whole registry in view.
-        bail!(
-            "{} is left over from an interrupted create or clone; `sparse-volume check --repair` removes it",
-            temporary.display()
-        );
-    }
-    let file = OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .custom_flags(libc::O_CLOEXEC | libc::O_NOFOLLOW)
-        .open(temporary)
-        .with_context(|| format!("creating {}", temporary.display()))?;
-    set_creating_mark(&file, id);
-    Ok(file)
-}
-
-/// The copy's identity becomes the clone's: a new file system UUID, or a
-/// new GPT (disk GUID, partition GUID and name) and a new UUID for an
-/// ext4 its consumer made in the partition; then read back, because one
-/// of the tools says success when it refused. Returns that ext4's UUID.
-fn renew_identity(
-    temporary: &Path,
-    file: &File,
-    source: &Volume,
-    clone: &Volume,
-    consumer_fs: Option<(FsType, Uuid, u64)>,
-) -> Result<Option<Uuid>> {
-    match &clone.mode {
-        Mode::Filesystem { fs_type, .. } => {
-            tracing::info!(progress = true, "giving the copy's {fs_type} its own UUID");
-            renew_uuid(temporary, *fs_type, clone.id.uuid())?;
-        }
-        Mode::Block => {
-            tracing::info!(progress = true, "giving the copy's GPT its own GUIDs");
-            gpt_layout::renew_identity(file, source.id.uuid(), clone.id.uuid(), clone.sector_size)?;
-        }
-    }
-    let content = probe(file)?;
-    if !identifies(&content, &clone.mode, clone.id.uuid()) {
-        bail!(
-            "the copy holds {} after its identity was changed, not {}",
-            content.describe(),
-            expected_content(&clone.mode, clone.id.uuid())
-        );
-    }
-    let Some((fs_type, old, start)) = consumer_fs else {
-        return Ok(None);
-    };
-    let new = Uuid::new_v4();
-    tracing::info!(
-        progress = true,
-        "giving the {fs_type} in the copy's partition its own UUID"
-    );
-    // e2fsprogs open a file system at an offset into an image this way.
-    let inside = PathBuf::from(format!("{}?offset={start}", temporary.display()));
-    renew_uuid(&inside, fs_type, new)?;
-    match filesystem_at(file, start)? {
-        Some(Content::Filesystem { uuid, .. }) if uuid == new => Ok(Some(new)),
-        other => bail!(
-            "the {fs_type} in the copy's partition still has {} after its UUID was changed (was {old})",
-            other.map_or("no file system".to_string(), |c| c.describe())
-        ),
-    }
 }
