@@ -336,13 +336,20 @@ fn a_covered_mount_point_is_not_frozen() {
         .unwrap();
     assert!(status.success());
     let refused = freeze(&scratch.mount_point, meant, LONG_LIMIT);
-    let _ = Command::new("umount").arg(&scratch.mount_point).status();
+    // Lazily: a guardian another test forks while the cover's root is
+    // open here (freeze opens it before it refuses) holds it until that
+    // guardian exits, and a plain umount is then refused as busy.
+    let _ = Command::new("umount")
+        .arg("-l")
+        .arg(&scratch.mount_point)
+        .status();
     let error = format!(
         "{:#}",
         refused.expect_err("freezing through a covered mount point")
     );
     assert!(error.contains("a mount covers it"), "{error}");
     // Uncovered, the same call freezes it.
+    assert_eq!(device_of(&scratch.mount_point), meant, "still covered");
     freeze(&scratch.mount_point, meant, LONG_LIMIT)
         .unwrap()
         .thaw()
