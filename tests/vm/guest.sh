@@ -309,10 +309,13 @@ clone_consumer() {
 
     # The clone exported and imported again beside it under a new UUID,
     # as a volume moved from another node would come: attached at every
-    # later boot too.
+    # later boot too. This storage root shares no extents, so the clone is
+    # exported stopped (a device in use is read only through a reflink).
     local imported
+    $CLI stop consumer-clone >/dev/null
     out=$($CLI export consumer-clone | $CLI import --new-uuid --name consumer-import --now --json) ||
         fail "export | import --new-uuid of the clone: $out"
+    $CLI start consumer-clone >/dev/null
     imported=$(json_field uuid <<<"$out")
     echo "IMPORTED=$imported" >>"$STATE"
     udevadm wait --timeout=30 "/dev/disk/by-uuid/$imported" ||
