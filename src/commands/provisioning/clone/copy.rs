@@ -1,7 +1,7 @@
 //! Copying a source's backing file as it was at one instant: by reflink
-//! where the storage shares extents (constant time, and atomic against
-//! the source's writers), else by copying its data ranges with the holes
-//! kept. A mounted source is frozen for the moment of the copy; the
+//! where the storage shares extents (no data copied, in time that grows
+//! with the file's extents, and atomic against the source's writers),
+//! else by copying its data ranges with the holes kept. A mounted source is frozen for the moment of the copy; the
 //! freeze outlives no kill of ours (`kernel::freeze`).
 
 use std::fs::File;
