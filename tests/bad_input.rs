@@ -1283,3 +1283,22 @@ fn special_registry_files() {
     bench.installed_bad_volume(&case("zero-bytes", "missing field"));
     bench.finish();
 }
+
+/// `sparse-volume list | head -1` with a reader that is gone: the command's
+/// work is done, so a write to the closed pipe is neither a panic nor a
+/// failure (Rust's `println!` panics there, exit 101). Seen failing before
+/// the change: "failed printing to stdout: Broken pipe".
+#[test]
+fn a_reader_that_left_is_not_a_failure() {
+    let fx = Fixture::new();
+    let (reader, writer) = nix::unistd::pipe().expect("a pipe");
+    drop(reader);
+    let output = fx
+        .command(&["list", "--json"])
+        .stdout(std::process::Stdio::from(writer))
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(0), "{stderr}");
+    assert!(!stderr.contains("panicked"), "{stderr}");
+}

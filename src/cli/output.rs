@@ -53,13 +53,13 @@ impl Output {
                 dry_run: self.dry_run,
             };
             match serde_json::to_string(&tagged) {
-                Ok(text) => println!("{text}"),
+                Ok(text) => to_stdout(&text),
                 Err(e) => eprintln!("sparse-volume: cannot render the report as JSON: {e}"),
             }
         } else if self.dry_run {
-            println!("dry run, nothing changed: {}", report.planned());
+            to_stdout(&format!("dry run, nothing changed: {}", report.planned()));
         } else {
-            println!("{}", report.human());
+            to_stdout(&report.human());
         }
         if report.succeeded() {
             ExitCode::SUCCESS
@@ -104,7 +104,7 @@ impl Output {
         clear_progress();
         match outcome {
             Ok(text) => {
-                print!("{text}");
+                write_stdout(&text);
                 ExitCode::SUCCESS
             }
             Err(failure) => self.failed(&failure),
@@ -135,15 +135,15 @@ impl Output {
                 let message = format!("{doing}: {uuid} after: {}: {error:#}", actions.join(", "));
                 eprintln!("sparse-volume: {message}");
                 if self.json {
-                    println!(
-                        "{}",
-                        serde_json::json!({
+                    to_stdout(
+                        &serde_json::json!({
                             "changed": true,
                             "uuid": uuid.to_string(),
                             "actions": actions,
                             "dry_run": self.dry_run,
                             "error": message,
                         })
+                        .to_string(),
                     );
                 }
                 ExitCode::FAILURE
@@ -166,10 +166,31 @@ impl Output {
             if self.stream_on_stdout {
                 eprintln!("{object}");
             } else {
-                println!("{object}");
+                to_stdout(&object.to_string());
             }
         }
         code
+    }
+}
+
+/// A line on standard output.
+fn to_stdout(line: &str) {
+    write_stdout(&[line, "\n"].concat());
+}
+
+/// Standard output may be a pipe whose reader is gone (`status | head`):
+/// what it did not read is no failure of the command, whose work is done
+/// (`println!` panics there). Any other write error is said on stderr.
+fn write_stdout(text: &str) {
+    use std::io::Write;
+    let mut stdout = std::io::stdout().lock();
+    match stdout
+        .write_all(text.as_bytes())
+        .and_then(|()| stdout.flush())
+    {
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => {}
+        Err(e) => eprintln!("sparse-volume: writing to standard output: {e}"),
+        Ok(()) => {}
     }
 }
 
