@@ -5,11 +5,13 @@
 //! 2. `<uuid>.img`: the backing file as a sparse member (GNU sparse format
 //!    1.0 in pax headers), so its holes are never in the stream and
 //!    `tar -x` (GNU tar, bsdtar) makes a sparse file of it;
-//! 3. `<uuid>.img.sha256`: SHA-256 over the manifest's bytes, then the
+//! 3. `<uuid>.img.sha256`: SHA-256 over the manifest's bytes followed by
+//!    the data's SHA-256 (lowercase hex), where the data's is over the
 //!    image's data map and data (for each data range: `<offset> <length>\n`,
 //!    then its bytes), so that a damaged or cut stream, manifest included,
 //!    is refused before anything is registered. Hashing the holes too would
-//!    make an export cost the volume's size, not its data.
+//!    make an export cost the volume's size, not its data; hashing the data
+//!    once serves both sums (an import also compares the data's alone).
 //!
 //! The reader takes exactly what the writer makes; other tar streams are
 //! refused with what was expected.
@@ -69,21 +71,21 @@ impl Manifest {
 /// Writes an export stream to `out`.
 pub struct Writer<W: Write> {
     out: W,
-    /// The stream's checksum, from the manifest's bytes on.
-    hash: Sha256,
+    /// The manifest's bytes, the start of the stream's checksum.
+    manifest_text: Vec<u8>,
 }
 
 impl<W: Write> Writer<W> {
     pub fn new(out: W) -> Self {
         Self {
             out,
-            hash: Sha256::new(),
+            manifest_text: Vec::new(),
         }
     }
 
     pub fn manifest(&mut self, manifest: &Manifest) -> Result<()> {
         let text = serde_json::to_vec_pretty(manifest).context("writing the manifest")?;
-        self.hash.update(&text);
+        self.manifest_text.clone_from(&text);
         self.member(MANIFEST, text.len() as u64)?;
         self.out.write_all(&text)?;
         self.pad(text.len() as u64)
@@ -113,21 +115,25 @@ impl<W: Write> Writer<W> {
         let member_size = map.len() as u64 + data;
         self.member(&format!("GNUSparseFile.0/{name}"), member_size)?;
         self.out.write_all(&map)?;
+        let mut data_hash = Sha256::new();
         let mut buffer = vec![0u8; CHUNK];
         for &(offset, length) in ranges {
-            self.hash.update(format!("{offset} {length}\n").as_bytes());
+            data_hash.update(format!("{offset} {length}\n").as_bytes());
             let mut done = 0u64;
             while done < length {
                 let chunk = &mut buffer[..(length - done).min(CHUNK as u64) as usize];
                 read_at(offset + done, chunk)
                     .with_context(|| format!("reading the volume at byte {}", offset + done))?;
-                self.hash.update(&*chunk);
+                data_hash.update(&*chunk);
                 self.out.write_all(chunk)?;
                 done += chunk.len() as u64;
             }
         }
         self.pad(member_size)?;
-        Ok(format!("{:x}", self.hash.clone().finalize()))
+        Ok(stream_checksum(
+            &self.manifest_text,
+            &format!("{:x}", data_hash.finalize()),
+        ))
     }
 
     /// The checksum member and the end of the archive.
@@ -168,6 +174,15 @@ impl<W: Write> Writer<W> {
         self.out.write_all(&vec![0u8; rest])?;
         Ok(())
     }
+}
+
+/// The stream's checksum: over the manifest's bytes and the data's
+/// checksum (see the module's comment).
+fn stream_checksum(manifest_text: &[u8], data_checksum: &str) -> String {
+    let mut hash = Sha256::new();
+    hash.update(manifest_text);
+    hash.update(data_checksum.as_bytes());
+    format!("{:x}", hash.finalize())
 }
 
 /// The data-only checksum ([`ImageSums::data`]) of a file's `ranges`,
@@ -292,8 +307,8 @@ struct Member {
 /// writer's order.
 pub struct Reader<R: Read> {
     input: R,
-    /// The stream's checksum, from the manifest's bytes on.
-    hash: Sha256,
+    /// The manifest's bytes, the start of the stream's checksum.
+    manifest_text: Vec<u8>,
     /// A whole header block was read.
     started: bool,
 }
@@ -310,7 +325,7 @@ impl<R: Read> Reader<R> {
     pub fn new(input: R) -> Self {
         Self {
             input,
-            hash: Sha256::new(),
+            manifest_text: Vec::new(),
             started: false,
         }
     }
@@ -329,7 +344,7 @@ impl<R: Read> Reader<R> {
             member.name
         );
         let text = self.small_member(&member)?;
-        self.hash.update(&text);
+        self.manifest_text.clone_from(&text);
         let manifest: Manifest =
             serde_json::from_slice(&text).context("the export's manifest does not read")?;
         ensure!(
@@ -377,25 +392,23 @@ impl<R: Read> Reader<R> {
             if length == 0 {
                 continue;
             }
-            let line = format!("{offset} {length}\n");
-            self.hash.update(line.as_bytes());
-            data_hash.update(line.as_bytes());
+            data_hash.update(format!("{offset} {length}\n").as_bytes());
             let mut done = 0u64;
             while done < length {
                 let chunk = &mut buffer[..(length - done).min(CHUNK as u64) as usize];
                 self.input
                     .read_exact(chunk)
                     .context("the stream ends inside the image; nothing was imported")?;
-                self.hash.update(&*chunk);
                 data_hash.update(&*chunk);
                 write_at(offset + done, chunk)?;
                 done += chunk.len() as u64;
             }
         }
         self.skip_padding(member.size)?;
+        let data = format!("{:x}", data_hash.finalize());
         Ok(ImageSums {
-            stream: format!("{:x}", self.hash.clone().finalize()),
-            data: format!("{:x}", data_hash.finalize()),
+            stream: stream_checksum(&self.manifest_text, &data),
+            data,
         })
     }
 
