@@ -18,9 +18,12 @@ use sparse_volume::systemd::kernel_cmdline::{EmergencySwitch, Skip};
 
 use crate::kmsg::Kmsg;
 use crate::output;
-use crate::units::Plan;
+use crate::units::{Generated, Outputs, Plan};
 
-pub fn generate(normal_dir: &Path) -> ExitCode {
+/// `early_dir` gets the masks of units that volumes were taken over from
+/// (it overrides `/etc`); without one (a single directory given, as tests
+/// and `systemd-analyze` do) they go to `normal_dir` too.
+pub fn generate(normal_dir: &Path, early_dir: Option<&Path>) -> ExitCode {
     let root = SystemRoot::from_env();
     let log = Kmsg::open(root.is_overridden());
 
@@ -90,10 +93,27 @@ pub fn generate(normal_dir: &Path) -> ExitCode {
         ));
     }
 
-    match output::write_all(normal_dir, &plan.finish(registry.config())) {
+    let Generated { mut normal, early } = plan.finish(registry.config());
+    let early_dir = match early_dir {
+        Some(dir) => dir,
+        None => {
+            normal.extend(early);
+            return write(&log, normal_dir, &normal);
+        }
+    };
+    // The masks first: a unit taken over must not start again because the
+    // volumes' own outputs failed to write.
+    match write(&log, early_dir, &early) {
+        ExitCode::SUCCESS => write(&log, normal_dir, &normal),
+        failed => failed,
+    }
+}
+
+fn write(log: &Kmsg, dir: &Path, outputs: &Outputs) -> ExitCode {
+    match output::write_all(dir, outputs) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            log.error(&format!("writing units to {}: {e:#}", normal_dir.display()));
+            log.error(&format!("writing units to {}: {e:#}", dir.display()));
             ExitCode::FAILURE
         }
     }

@@ -24,7 +24,8 @@ usage: sparse-volume-generator NORMAL_DIR [EARLY_DIR LATE_DIR]
 
 A systemd generator (see systemd.generator(7)): systemd passes three output
 directories; one directory is accepted for testing (systemd-analyze, tests).
-Links and drop-ins go into the first. SPARSE_VOLUME_ROOT=DIR reads the registry
+Links and drop-ins go into the first; the units that volumes were taken over
+from (replaces_unit) are masked in the second, or in the only one. SPARSE_VOLUME_ROOT=DIR reads the registry
 and proc/cmdline below DIR instead of /.
 
 Kernel command line: sparse_volume=off generates no volume units;
@@ -32,7 +33,10 @@ sparse_volume.skip=UUID[,UUID...] leaves out those volumes.
 ";
 
 enum Invocation {
-    Generate { normal_dir: PathBuf },
+    Generate {
+        normal_dir: PathBuf,
+        early_dir: Option<PathBuf>,
+    },
     Help,
 }
 
@@ -42,8 +46,13 @@ fn parse_args(args: &[OsString]) -> Result<Invocation, String> {
         _ if args.iter().any(|a| a.as_bytes().starts_with(b"-")) => {
             Err("options are not supported; expected directories".to_string())
         }
-        [normal] | [normal, _, _] => Ok(Invocation::Generate {
+        [normal] => Ok(Invocation::Generate {
             normal_dir: PathBuf::from(normal),
+            early_dir: None,
+        }),
+        [normal, early, _] => Ok(Invocation::Generate {
+            normal_dir: PathBuf::from(normal),
+            early_dir: Some(PathBuf::from(early)),
         }),
         _ => Err(format!(
             "expected 1 or 3 output directories, got {}",
@@ -55,7 +64,10 @@ fn parse_args(args: &[OsString]) -> Result<Invocation, String> {
 fn main() -> ExitCode {
     let args: Vec<OsString> = std::env::args_os().skip(1).collect();
     match parse_args(&args) {
-        Ok(Invocation::Generate { normal_dir }) => generate::generate(&normal_dir),
+        Ok(Invocation::Generate {
+            normal_dir,
+            early_dir,
+        }) => generate::generate(&normal_dir, early_dir.as_deref()),
         Ok(Invocation::Help) => {
             print!("{USAGE}");
             ExitCode::SUCCESS
@@ -79,7 +91,7 @@ mod tests {
     fn accepts_one_or_three_directories() {
         for args in [&["/run/a"][..], &["/run/a", "/run/b", "/run/c"]] {
             match parse(args) {
-                Ok(Invocation::Generate { normal_dir }) => {
+                Ok(Invocation::Generate { normal_dir, .. }) => {
                     assert_eq!(normal_dir, PathBuf::from("/run/a"))
                 }
                 _ => panic!("{args:?} refused"),

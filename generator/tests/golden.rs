@@ -3,7 +3,8 @@
 //! A case holds an input tree (`etc/sparse-volume/...` and optionally
 //! `proc/cmdline`, read through `SPARSE_VOLUME_ROOT`) and `expected/`, the exact output directory
 //! (`expected/.empty` stands for an empty one, since git keeps no empty
-//! directories). An optional `expected.stderr-contains` lists lines that
+//! directories); `expected-early/`, when there, is the early directory's
+//! (which is otherwise empty). An optional `expected.stderr-contains` lists lines that
 //! must each appear in the generator's stderr (its kernel-log lines, which
 //! go to stderr under `SPARSE_VOLUME_ROOT`), and every stderr line must
 //! contain one of them; without it, stderr must be empty. Adding a case
@@ -159,16 +160,19 @@ fn check_case(case: &Path) -> String {
     expected.remove(EMPTY_MARKER);
     let actual = snapshot(&normal);
     problems.push_str(&compare(&expected, &actual));
-    for dir in [&early, &late] {
-        if !snapshot(dir).is_empty() {
-            problems.push_str(&format!("  wrote into {}\n", dir.display()));
-        }
+    let actual_early = snapshot(&early);
+    problems.push_str(&compare(
+        &snapshot(&case.join("expected-early")),
+        &actual_early,
+    ));
+    if !snapshot(&late).is_empty() {
+        problems.push_str(&format!("  wrote into {}\n", late.display()));
     }
 
     // A second run over its own output (a daemon-reload by hand) must
     // succeed and leave the same bytes.
-    let again = run_generator(case, &[&normal]);
-    if !again.status.success() || snapshot(&normal) != actual {
+    let again = run_generator(case, &[&normal, &early, &late]);
+    if !again.status.success() || snapshot(&normal) != actual || snapshot(&early) != actual_early {
         problems.push_str("  a second run did not reproduce the same output\n");
     }
     problems

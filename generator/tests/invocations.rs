@@ -83,3 +83,34 @@ fn nothing_to_write_needs_no_writable_directory() {
     assert_eq!(out.status.code(), Some(0), "{out:?}");
     assert!(!Path::new("/nonexistent").exists());
 }
+
+#[test]
+fn with_one_directory_the_masks_go_there_too() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/golden/23-replaced-unit");
+    let out = generator(&root, &[dir.path()]);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let mask = dir
+        .path()
+        .join("metalk8s-sparse-volume@5d0e4c1a-7b2f-4e8a-9c3d-1f6a2b8e4d70.service");
+    assert_eq!(
+        std::fs::read_link(&mask).ok(),
+        Some(PathBuf::from("/dev/null"))
+    );
+    assert!(dir.path().join("sparse-volumes.target.wants").is_dir());
+}
+
+#[test]
+fn an_early_directory_that_cannot_be_written_fails_before_the_volumes_are_pulled_in() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/golden/23-replaced-unit");
+    let normal = dir.path().join("normal");
+    std::fs::create_dir(&normal).unwrap();
+    let not_a_dir = dir.path().join("file");
+    std::fs::write(&not_a_dir, "").unwrap();
+    let out = generator(&root, &[&normal, &not_a_dir, &not_a_dir]);
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    // Without the mask, the old unit could bind the file a second time:
+    // no volume is pulled into the boot either.
+    assert!(!normal.join("sparse-volumes.target.wants").exists());
+}

@@ -220,7 +220,7 @@ pub struct ApplyArgs {
     #[arg(long, conflicts_with_all = [
         "uuid", "name", "state", "size", "mode", "fs_type", "path", "enabled", "read_only",
         "preallocate", "sector_size", "mkfs_options", "delete_data", "now", "clone_of",
-        "freeze_during_copy",
+        "freeze_during_copy", "replaces_unit",
     ])]
     pub stdin: bool,
     /// The volume's UUID (any case); with `--name`, both must agree.
@@ -274,6 +274,11 @@ pub struct ApplyArgs {
     /// whole copy instead of refusing.
     #[arg(long, requires = "clone_of")]
     pub freeze_during_copy: bool,
+    /// Take the volume over from the unit that attached its file so far
+    /// (see `sparse-volume register --replaces-unit`): the existing file
+    /// at `--path` is registered, never made; needs `--uuid`.
+    #[arg(long, value_name = "UNIT", value_parser = parse_replaced_unit, value_hint = ValueHint::Other)]
+    pub replaces_unit: Option<String>,
     /// With `--state absent`: also delete the backing file.
     #[arg(long)]
     pub delete_data: bool,
@@ -316,6 +321,7 @@ impl ApplyArgs {
             mkfs_options: (!self.mkfs_options.is_empty()).then(|| self.mkfs_options.clone()),
             clone_of: self.clone_of.clone(),
             freeze_during_copy: self.freeze_during_copy,
+            replaces_unit: self.replaces_unit.clone(),
             delete_data: self.delete_data,
             now: self.now,
         }
@@ -373,8 +379,23 @@ pub struct RegisterArgs {
     /// when omitted, refused when the content does not read with it.
     #[arg(long, value_parser = sector_size_parser())]
     pub sector_size: Option<u32>,
+    /// The unit that attached this file so far (a MetalK8s
+    /// `metalk8s-sparse-volume@<UUID>.service`): masked at every boot,
+    /// disabled and stopped without its ExecStop, and the loop device it
+    /// made adopted by the volume's own unit, with consumers mounted.
+    #[arg(long, value_name = "UNIT", value_parser = parse_replaced_unit, value_hint = ValueHint::Other)]
+    pub replaces_unit: Option<String>,
+    /// Start the volume's unit afterwards (and wait for its device).
+    #[arg(long)]
+    pub now: bool,
     #[command(flatten)]
     pub dry: DryRun,
+}
+
+fn parse_replaced_unit(value: &str) -> Result<String, String> {
+    crate::systemd::unit::check_replaced_unit(value)
+        .map(|()| value.to_string())
+        .map_err(|reason| reason.replacen("replaces_unit ", "", 1))
 }
 
 impl RegisterArgs {
@@ -395,6 +416,8 @@ impl RegisterArgs {
             mode,
             name: self.name.clone(),
             sector_size: self.sector_size,
+            replaces_unit: self.replaces_unit.clone(),
+            now: self.now,
             dry_run,
         })
     }

@@ -36,6 +36,9 @@ pub struct VolumeInfo {
     /// The UUID of the volume this one was cloned from; null for a volume
     /// made otherwise.
     pub origin: Option<String>,
+    /// The unit this volume was taken over from (masked at every boot);
+    /// null for a volume sparse-volume attached from the start.
+    pub replaces_unit: Option<String>,
     /// `filesystem` or `block`.
     pub mode: &'static str,
     /// `ext4`/`xfs` in filesystem mode, null in block mode.
@@ -275,6 +278,7 @@ pub fn inspect(
         uuid: volume.id.to_string(),
         name: volume.name.clone(),
         origin: volume.origin.map(|o| o.to_string()),
+        replaces_unit: volume.replaces_unit.clone(),
         mode: volume.mode.name(),
         fs_type,
         size: volume.size,
@@ -351,6 +355,9 @@ impl VolumeInfo {
         row("path:", self.path.display().to_string());
         if let Some(origin) = &self.origin {
             row("origin:", format!("a clone of {origin}"));
+        }
+        if let Some(unit) = &self.replaces_unit {
+            row("replaces:", format!("{unit} (masked at every boot)"));
         }
         if let Some(fs) = &self.backing_fs {
             row(

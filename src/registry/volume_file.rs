@@ -10,6 +10,7 @@ use super::config::Config;
 use super::error::RegistryError;
 use super::lenient::{from_toml, RegistryWarning};
 use crate::registry::paths::is_normal_absolute;
+use crate::systemd::unit::check_replaced_unit;
 use crate::volume::creating_mark::CREATING_SUFFIX;
 use crate::volume::id::VolumeId;
 use crate::volume::spec::{FsType, Mode, ModeKind, DEFAULT_SECTOR_SIZE, SECTOR_SIZES};
@@ -34,6 +35,11 @@ pub struct Volume {
     /// The volume this one was cloned from (its content at one instant,
     /// under an identity of its own); None for a volume made otherwise.
     pub origin: Option<VolumeId>,
+    /// The unit that attached this backing file before sparse-volume took
+    /// it over (`register --replaces-unit`): the generator masks it at
+    /// every boot, so it never binds a second loop device for the file nor
+    /// detaches ours under its consumers.
+    pub replaces_unit: Option<String>,
 }
 
 /// `mode` and `fs_type` are read as strings and matched by the spec's
@@ -64,6 +70,7 @@ struct VolumeFile {
     mkfs_options: Option<Spanned<Vec<String>>>,
     sector_size: Option<Spanned<i64>>,
     origin: Option<Spanned<String>>,
+    replaces_unit: Option<Spanned<String>>,
 }
 
 pub const KNOWN_KEYS: &[&str] = &[
@@ -80,6 +87,7 @@ pub const KNOWN_KEYS: &[&str] = &[
     "mkfs_options",
     "sector_size",
     "origin",
+    "replaces_unit",
 ];
 
 /// What we write: every field explicit, so the file reads as the truth.
@@ -105,6 +113,8 @@ struct VolumeFileOut<'a> {
     preallocated: bool,
     #[serde(skip_serializing_if = "Option::is_none")]
     origin: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    replaces_unit: Option<&'a str>,
 }
 
 fn is_default_sector_size(size: &u32) -> bool {
@@ -234,6 +244,7 @@ impl Volume {
             name: raw.name.as_ref().map(|n| n.get_ref().clone()),
             sector_size,
             origin,
+            replaces_unit: raw.replaces_unit.as_ref().map(|u| u.get_ref().clone()),
         };
         volume.validate().map_err(|Invalid { key, reason }| {
             let span = match key {
@@ -243,6 +254,7 @@ impl Volume {
                 "mkfs_options" => raw.mkfs_options.as_ref().map(Spanned::span),
                 "sector_size" => raw.sector_size.as_ref().map(Spanned::span),
                 "origin" => raw.origin.as_ref().map(Spanned::span),
+                "replaces_unit" => raw.replaces_unit.as_ref().map(Spanned::span),
                 _ => Some(raw.uuid.span()),
             };
             RegistryError::at(file, text, span, reason)
@@ -280,6 +292,9 @@ impl Volume {
                 "origin names the volume itself; a clone's origin is the volume it was cloned from"
                     .into(),
             ));
+        }
+        if let Some(unit) = &self.replaces_unit {
+            check_replaced_unit(unit).map_err(|r| invalid("replaces_unit", r))?;
         }
         if let Mode::Filesystem { mkfs_options, .. } = &self.mode {
             for option in mkfs_options {
@@ -344,6 +359,7 @@ impl Volume {
             direct_io: self.direct_io,
             preallocated: self.preallocated,
             origin: self.origin.map(|o| o.to_string()),
+            replaces_unit: self.replaces_unit.as_deref(),
         };
         toml::to_string(&out).map_err(|e| invalid("uuid", format!("cannot be written: {e}")))
     }
@@ -406,7 +422,7 @@ pub fn check_path(path: &Path, config: &Config) -> Result<(), String> {
             .map(|r| r.display().to_string())
             .collect();
         return Err(format!(
-            "path {} is not inside a storage root ({})",
+            "path {} is not inside a storage root ({}); storage_roots in /etc/sparse-volume/config.toml lists them",
             path.display(),
             roots.join(", ")
         ));

@@ -110,6 +110,42 @@ impl Systemd {
         }
     }
 
+    /// `systemctl disable UNIT`: the changes systemd made (type such as
+    /// `unlink`, the file, the link's target).
+    pub fn disable_unit_files(&self, unit: &str) -> Result<Vec<(String, String, String)>> {
+        block_on(call(
+            CALL_TIMEOUT,
+            self.manager.disable_unit_files(&[unit], false),
+        ))
+        .with_context(|| format!("disabling {unit}"))
+    }
+
+    /// The unit's `LoadState` (`loaded`, `masked`, `not-found`, ...),
+    /// loading it first if systemd has not.
+    pub fn load_state(&self, unit: &str) -> Result<String> {
+        block_on(async {
+            let unit_proxy = UnitProxy::builder(&self.connection)
+                .path(self.unit_path(unit).await?)?
+                .cache_properties(CacheProperties::No)
+                .build()
+                .await?;
+            Ok::<_, anyhow::Error>(call(CALL_TIMEOUT, unit_proxy.load_state()).await?)
+        })
+        .with_context(|| format!("reading the load state of {unit}"))
+    }
+
+    /// The unit's object path, loading the unit first if systemd has not.
+    async fn unit_path(&self, unit: &str) -> Result<zbus::zvariant::OwnedObjectPath> {
+        Ok(
+            match call(CALL_TIMEOUT, self.manager.get_unit(unit)).await {
+                Err(error) if error.is_named(NO_SUCH_UNIT) => {
+                    call(CALL_TIMEOUT, self.manager.load_unit(unit)).await?
+                }
+                other => other?,
+            },
+        )
+    }
+
     /// `ActiveState` and `SubState` of every loaded unit whose name
     /// matches `pattern` (a shell glob), in one call, as `systemctl
     /// list-units --all PATTERN`. A unit systemd has not loaded is not in
@@ -143,12 +179,7 @@ impl Systemd {
     }
 
     async fn unit_state_async(&self, unit: &str) -> Result<UnitState> {
-        let path = match call(CALL_TIMEOUT, self.manager.get_unit(unit)).await {
-            Err(error) if error.is_named(NO_SUCH_UNIT) => {
-                call(CALL_TIMEOUT, self.manager.load_unit(unit)).await?
-            }
-            other => other?,
-        };
+        let path = self.unit_path(unit).await?;
         let unit_proxy = UnitProxy::builder(&self.connection)
             .path(path.clone())?
             .cache_properties(CacheProperties::No)

@@ -41,6 +41,14 @@ pub trait Manager {
 
     fn reset_failed_unit(&self, name: &str) -> zbus::Result<()>;
 
+    /// `systemctl disable`: removes the unit's enablement links; the
+    /// changes made (type, link, target).
+    fn disable_unit_files(
+        &self,
+        files: &[&str],
+        runtime: bool,
+    ) -> zbus::Result<Vec<(String, String, String)>>;
+
     /// Fails with `org.freedesktop.systemd1.NoSuchUnit` when not loaded.
     fn get_unit(&self, name: &str) -> zbus::Result<OwnedObjectPath>;
 
@@ -77,6 +85,10 @@ pub trait Manager {
     gen_blocking = false
 )]
 pub trait Unit {
+    /// `loaded`, `masked`, `not-found`, ...
+    #[zbus(property)]
+    fn load_state(&self) -> zbus::Result<String>;
+
     #[zbus(property)]
     fn active_state(&self) -> zbus::Result<String>;
 

@@ -37,6 +37,14 @@ impl Systemd {
         match self.0 {}
     }
 
+    pub fn disable_unit_files(&self, _unit: &str) -> Result<Vec<(String, String, String)>> {
+        match self.0 {}
+    }
+
+    pub fn load_state(&self, _unit: &str) -> Result<String> {
+        match self.0 {}
+    }
+
     pub fn unit_state(&self, _unit: &str) -> Result<UnitState> {
         match self.0 {}
     }

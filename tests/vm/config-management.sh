@@ -37,6 +37,13 @@
 #                    planned size, the node byte-identical
 #   salt refuse      a grow to 100T: result False, the comment the CLI's own
 #                    reason for the same request; the node unchanged
+#   ansible take-over  the take-over guide's play, as written, on a
+#                    MetalK8s-style ext4 volume attached by its unit and
+#                    mounted: the storage root added to the package's
+#                    config.toml, the same loop device, the old unit
+#                    masked, stopped, disabled; run again: changed=0
+#   salt take-over   the guide's Salt state, as written, on a second one
+#                    (xfs): the same; run again: no changes
 #
 # The .deb is the newest in ${CARGO_TARGET_DIR:-target}/packages (as for
 # scenario.sh); ansible-core and Salt are the venvs of
@@ -61,6 +68,10 @@ TOO_BIG=100T
 # The Salt state's two volumes (tests/vm/salt/volumes.sls).
 SALT_EXT4=9d4a6f5b-3e0a-4b8c-9f74-50c1ac4d8e63
 SALT_BLOCK=ae5b7a6c-4f1b-4c9d-8a85-61d2bd5e9f74
+# Volumes a MetalK8s-style unit attached, taken over by the guide's play
+# and state (docs/guide/take-over.md).
+MK_ANSIBLE=b06c8b7d-5a2c-4dae-9b96-72e3ce6fa085
+MK_SALT=c17d9c8e-6b3d-4ebf-8ca7-83f4df70b196
 
 current_phase=""
 timings=()
@@ -195,6 +206,10 @@ guest:
       - {name: data, uuid: $EXT4, size: 64M, mode: filesystem, fs_type: ext4}
       - {name: scratch, uuid: $XFS, size: 320M, mode: filesystem, fs_type: xfs}
       - {name: raw, uuid: $BLOCK, size: 64M, mode: block}
+# The take-over guide's play names this group.
+metalk8s_nodes:
+  hosts:
+    sv-test:
 EOF
     cat >"$salt/roster" <<EOF
 sv-test:
@@ -234,12 +249,14 @@ watched() {
     watched_pid=""
 }
 
-# playbook LOG PLAYBOOK [ARGS...]: ansible-playbook, its output in LOG and
-# on stderr; fails unless it succeeded.
+# playbook LOG PLAYBOOK [ARGS...]: ansible-playbook (of tests/vm/ansible/
+# unless the path is absolute), its output in LOG and on stderr; fails
+# unless it succeeded.
 playbook() {
     local log=$1 file=$2 rc
     shift 2
-    watched "$log" ansible-playbook "tests/vm/ansible/$file" "$@"
+    [[ $file == /* ]] || file=tests/vm/ansible/$file
+    watched "$log" ansible-playbook "$file" "$@"
     sed 's/^/    | /' "$log" "$log.err" >&2
     ((rc == 0)) || fail "ansible-playbook $file $* exited $rc"
 }
@@ -468,6 +485,58 @@ salt_refuse() {
     same_node "$salt/before.txt" "$salt/after.txt" "the refused state.apply"
 }
 
+# ------------------------------------------------------------ take-over
+
+# guide_yaml SECTION: the ```yaml block under "## SECTION" of the take-over
+# guide, as written.
+guide_yaml() {
+    awk -v want="## $1" '$0 == want { section = 1; next } /^## / { section = 0 }
+        section && /^```yaml$/ { inside = 1; next } inside && /^```$/ { exit } inside' docs/guide/take-over.md
+}
+
+# metalk8s_volume KIND UUID MOUNT_POINT: made and attached the MetalK8s way,
+# mounted; prints its loop device.
+metalk8s_volume() {
+    vm_ssh "bash /root/metalk8s-volume.sh make $1 $2 $3 && date >$3/payload && losetup --noheadings -O NAME -j /var/lib/metalk8s/storage/sparse/$2" </dev/null
+}
+
+ansible_take_over() {
+    vm_copy_in tests/vm/metalk8s-volume.sh /root/
+    local device changed
+    device=$(metalk8s_volume ext4 "$MK_ANSIBLE" /mnt/mk-ansible)
+    [[ $device == /dev/loop* ]] || fail "the MetalK8s-style volume has no loop device: $device"
+    guide_yaml Ansible >"$work/take-over.yml"
+    grep -q 'replaces_unit:' "$work/take-over.yml" || fail "the take-over guide has no Ansible play with replaces_unit"
+    playbook "$work/take-over.log" "$work/take-over.yml"
+    # The storage root added to the package's config.toml, and the take-over.
+    changed=$(recap "$work/take-over.log" changed)
+    [[ $changed == 2 ]] || fail "the take-over play: changed=$changed, expected 2"
+    guest_check taken-over "SV_MK=$MK_ANSIBLE SV_MK_DEVICE=$device SV_MK_MOUNT=/mnt/mk-ansible"
+    playbook "$work/take-over2.log" "$work/take-over.yml"
+    changed=$(recap "$work/take-over2.log" changed)
+    [[ $changed == 0 ]] || fail "the take-over play run again: changed=$changed, expected 0"
+}
+
+salt_take_over() {
+    local device
+    device=$(metalk8s_volume xfs "$MK_SALT" /mnt/mk-salt)
+    [[ $device == /dev/loop* ]] || fail "the MetalK8s-style volume has no loop device: $device"
+    guide_yaml Salt >"$salt/srv/take_over.sls"
+    grep -q 'replaces_unit:' "$salt/srv/take_over.sls" || fail "the take-over guide has no Salt state with replaces_unit"
+    salt_ssh "$salt/take-over.json" state.apply take_over
+    states_summary "$salt/take-over.json"
+    ((rc == 0)) || fail "salt-ssh state.apply take_over exited $rc"
+    [[ $(state_field "$salt/take-over.json" "metalk8s-$MK_SALT" result) == true ]] || fail "metalk8s-$MK_SALT: result is not True"
+    [[ $(state_field "$salt/take-over.json" "metalk8s-$MK_SALT" changes) != "{}" ]] || fail "metalk8s-$MK_SALT: no changes"
+    guest_check taken-over "SV_MK=$MK_SALT SV_MK_DEVICE=$device SV_MK_MOUNT=/mnt/mk-salt"
+    salt_ssh "$salt/take-over2.json" state.apply take_over
+    states_summary "$salt/take-over2.json"
+    ((rc == 0)) || fail "salt-ssh state.apply take_over (again) exited $rc"
+    local unchanged
+    unchanged=$(jq '[.["sv-test"][] | select(.result == true and .changes == {})] | length' "$salt/take-over2.json")
+    [[ $unchanged == 3 ]] || fail "state.apply take_over again: $unchanged of 3 states True without changes"
+}
+
 # ------------------------------------------------------------ run
 
 total=$(vm__now_ms)
@@ -490,6 +559,8 @@ phase "salt converge" salt_converge
 phase "salt again" salt_again
 phase "salt test=True" salt_test_mode
 phase "salt refuse" salt_refuse
+phase "ansible take-over" ansible_take_over
+phase "salt take-over" salt_take_over
 phase "poweroff" vm_stop
 vm_log "phase times:"
 printf '    %s\n' "${timings[@]}" >&2

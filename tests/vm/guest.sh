@@ -29,6 +29,11 @@
 #   guest.sh clone            a clone of the mounted consumer, and an import
 #                             of its export, attached at every later boot
 #                             under their own UUIDs
+#   guest.sh take-over        volumes a MetalK8s-style unit attached (ext4,
+#                             xfs, block), consumers mounted, taken over by
+#                             register --replaces-unit: the same loop device,
+#                             the old unit masked, disabled and stopped
+#                             without its ExecStop
 #   guest.sh readme-create    the README's first-volume commands, as written
 #   guest.sh readme-check     after the reboot: the README's check commands,
 #                             the volume back and mounted; then removed
@@ -76,8 +81,8 @@ only_loop_of() {
 file_of() { sed -n 's/^path = "\(.*\)"$/\1/p' "$VOLUMES_D/$1.toml"; }
 
 # Every enabled volume (a variable name of $STATE each; CLONE and
-# IMPORTED from the clone phase on).
-ENABLED_VOLUMES="EXT4 XFS BLOCK READONLY OTHER E4K X4K B4K CLONE IMPORTED"
+# IMPORTED from the clone phase on, MK_* from the take-over phase on).
+ENABLED_VOLUMES="EXT4 XFS BLOCK READONLY OTHER E4K X4K B4K CLONE IMPORTED MK_EXT4 MK_XFS MK_BLOCK MK_REPAIRED"
 
 # Every enabled volume but the one named has exactly one loop device.
 others_attached() {
@@ -326,6 +331,153 @@ clone_consumer() {
     log "imported $imported from an export of the clone: its own link, the payload"
 }
 
+# Where MetalK8s keeps its sparse files, and what its unit's ExecStop
+# leaves behind here when it runs (it must never run once taken over).
+MK_DIR=/var/lib/metalk8s/storage/sparse
+MK_STOP_RAN=/var/lib/mk-cleanup-ran
+MK_VOLUMES="MK_EXT4 MK_XFS MK_BLOCK MK_REPAIRED"
+
+# Volumes made and attached the MetalK8s way, their consumers mounted
+# (fstab, nofail) with data, then taken over one by one while mounted.
+take_over() {
+    # shellcheck disable=SC1090
+    . "$STATE"
+    # Their directory becomes a storage root (register adopts only there).
+    local config
+    for config in "$CONFIG" /root/config.toml.good; do
+        sed -i "s|^storage_roots = \[\(.*\)\]$|storage_roots = [\1, \"$MK_DIR\"]|" "$config"
+        grep -q "\"$MK_DIR\"\]$" "$config" || fail "harness: $MK_DIR not added to $config: $(cat "$config")"
+    done
+    local ext4 xfs block uuid file name device
+    ext4=$(new_uuid) xfs=$(new_uuid) block=$(new_uuid)
+    printf 'MK_EXT4=%s\nMK_XFS=%s\nMK_BLOCK=%s\n' "$ext4" "$xfs" "$block" >>"$STATE"
+    bash /root/metalk8s-volume.sh make ext4 "$ext4" /srv/mk-ext4
+    bash /root/metalk8s-volume.sh make xfs "$xfs" /srv/mk-xfs
+    bash /root/metalk8s-volume.sh make block "$block" /srv/mk-block
+    for name in ext4 xfs block; do
+        write_payload "/srv/mk-$name" "mk-$name"
+    done
+
+    # The take-over guide's commands, as written.
+    local out unit commands
+    local -A before
+    for uuid in "$ext4" "$xfs" "$block"; do
+        before[$uuid]=$(only_loop_of "$MK_DIR/$uuid")
+    done
+    commands=$(doc_block take-over.md 1)
+    grep -q -- '--replaces-unit' <<<"$commands" || fail "take-over guide: the first sh block is not the take-over: $commands"
+    out=$(bash -euo pipefail -c "$commands" 2>&1) || fail "take-over guide: its commands failed as written: $out"
+    log "take-over guide, as written: $out"
+    for uuid in "$ext4" "$xfs" "$block"; do
+        file=$MK_DIR/$uuid
+        unit=metalk8s-sparse-volume@$uuid.service
+        grep -F "took over from $unit " <<<"$out" | grep -q "holds ${before[$uuid]}\$" ||
+            fail "take-over of $uuid: the guide's commands did not say $unit was taken over with ${before[$uuid]} kept: $out"
+        device=$(only_loop_of "$file")
+        [[ $device == "${before[$uuid]}" ]] || fail "take-over of $uuid: $file moved from ${before[$uuid]} to $device"
+        [[ $(cat "/sys/block/${device#/dev/}/loop/autoclear") == 0 ]] ||
+            fail "take-over of $uuid: $device has a pending detach (the old ExecStop ran?)"
+        [[ $(systemctl show -P LoadState "$unit") == masked ]] ||
+            fail "take-over of $uuid: $unit is $(systemctl show -P LoadState "$unit"), expected masked"
+        [[ $(systemctl is-active "$unit") == inactive ]] ||
+            fail "take-over of $uuid: $unit is $(systemctl is-active "$unit"), expected inactive"
+        [[ ! -e /etc/systemd/system/multi-user.target.wants/$unit ]] ||
+            fail "take-over of $uuid: $unit is still enabled"
+        systemctl is-active --quiet "sparse-volume@$uuid.service" ||
+            fail "take-over of $uuid: sparse-volume@$uuid.service is $(systemctl is-active "sparse-volume@$uuid.service")"
+        log "took over $uuid on $device: $unit masked, disabled, stopped; sparse-volume@$uuid.service active"
+    done
+    # Config management repeats it: nothing to do.
+    out=$($CLI register --uuid "$ext4" --path "$MK_DIR/$ext4" --replaces-unit "metalk8s-sparse-volume@$ext4.service" --json)
+    [[ $(json_field changed <<<"$out") == false ]] || fail "a repeated take-over changed something: $out"
+    # (list exits 1 for the scenario's corrupt registry file: set aside.)
+    mv "$VOLUMES_D/$CORRUPT.toml" /root/corrupt.toml
+    out=$(bash -euo pipefail -c "$(doc_block take-over.md 2)" 2>&1) || {
+        mv /root/corrupt.toml "$VOLUMES_D/$CORRUPT.toml"
+        fail "take-over guide: its checking commands failed as written: $out"
+    }
+    mv /root/corrupt.toml "$VOLUMES_D/$CORRUPT.toml"
+    [[ $(grep -c '^metalk8s-sparse-volume@.*: masked, inactive$' <<<"$out") == 3 ]] ||
+        fail "take-over guide: the listing does not show the three old units masked and inactive: $out"
+    take_over_interrupted
+    # shellcheck disable=SC1090
+    . "$STATE"
+    verify_taken_over "the take-over"
+    # The xfs volume's old unit enabled again behind our back (as the
+    # field's config management may do): from the next boot on only the
+    # generator's mask keeps it from binding a second loop device.
+    ln -s /etc/systemd/system/metalk8s-sparse-volume@.service \
+        "/etc/systemd/system/multi-user.target.wants/metalk8s-sparse-volume@$xfs.service"
+}
+
+# A take-over killed right after its registry write (the entry names the
+# old unit; nothing reloaded, disabled or stopped yet): check reports it,
+# and check --repair finishes it with the consumer mounted.
+take_over_interrupted() {
+    local uuid file unit before out err device
+    uuid=$(new_uuid) file=$MK_DIR/$uuid unit=metalk8s-sparse-volume@$uuid.service
+    echo "MK_REPAIRED=$uuid" >>"$STATE"
+    bash /root/metalk8s-volume.sh make ext4 "$uuid" /srv/mk-repaired
+    write_payload /srv/mk-repaired mk-repaired
+    before=$(only_loop_of "$file")
+    cat >"$VOLUMES_D/$uuid.toml" <<EOF
+uuid = "$uuid"
+path = "$file"
+size = 67108864
+mode = "filesystem"
+fs_type = "ext4"
+replaces_unit = "$unit"
+EOF
+    mv "$VOLUMES_D/$CORRUPT.toml" /root/corrupt.toml
+    run_rc out err $CLI check --json
+    ((rc == 1)) && grep -q "\"kind\":\"replaced-unit-not-retired\"[^}]*$uuid" <<<"$out" || {
+        mv /root/corrupt.toml "$VOLUMES_D/$CORRUPT.toml"
+        fail "an interrupted take-over: check exited $rc without replaced-unit-not-retired for $uuid: $out $err"
+    }
+    run_rc out err $CLI check --repair --json
+    mv /root/corrupt.toml "$VOLUMES_D/$CORRUPT.toml"
+    ((rc == 0)) || fail "an interrupted take-over: check --repair exited $rc: $out $err"
+    device=$(only_loop_of "$file")
+    [[ $device == "$before" ]] || fail "an interrupted take-over: the repair moved $file from $before to $device"
+    [[ $(cat "/sys/block/${device#/dev/}/loop/autoclear") == 0 ]] ||
+        fail "an interrupted take-over: $device has a pending detach after the repair"
+    [[ $(systemctl show -P LoadState "$unit") == masked && $(systemctl is-active "$unit" || true) == inactive ]] ||
+        fail "an interrupted take-over: after the repair $unit is $(systemctl show -P LoadState "$unit"), $(systemctl is-active "$unit" || true)"
+    [[ ! -e /etc/systemd/system/multi-user.target.wants/$unit ]] || fail "an interrupted take-over: $unit is still enabled after the repair"
+    systemctl is-active --quiet "sparse-volume@$uuid.service" ||
+        fail "an interrupted take-over: sparse-volume@$uuid.service is $(systemctl is-active "sparse-volume@$uuid.service") after the repair"
+    check_payload /srv/mk-repaired mk-repaired
+    log "an interrupted take-over: check reported replaced-unit-not-retired, check --repair finished it on $device"
+}
+
+# After the take-over and at every later boot: each file on one loop
+# device with its link, the consumer mounted with its data, the old unit
+# inactive, and its ExecStop never run (not at the take-over, not at a
+# shutdown).
+verify_taken_over() {
+    local context=$1 name uuid device link
+    [[ -n ${MK_EXT4:-} ]] || return 0
+    for name in $MK_VOLUMES; do
+        uuid=${!name}
+        device=$(only_loop_of "$MK_DIR/$uuid")
+        link=/dev/disk/by-uuid/$uuid
+        if [[ $name == MK_BLOCK ]]; then
+            link=/dev/disk/by-partuuid/$uuid device=${device}p1
+        fi
+        [[ $(readlink -f "$link") == "$device" ]] || fail "$context: $link $(link_text "$link"), expected $device"
+        [[ $(systemctl is-active "metalk8s-sparse-volume@$uuid.service") == inactive ]] ||
+            fail "$context: metalk8s-sparse-volume@$uuid.service is $(systemctl is-active "metalk8s-sparse-volume@$uuid.service")"
+        [[ $(systemctl show -P LoadState "metalk8s-sparse-volume@$uuid.service") == masked ]] ||
+            fail "$context: metalk8s-sparse-volume@$uuid.service is $(systemctl show -P LoadState "metalk8s-sparse-volume@$uuid.service"), expected masked (by the generator)"
+    done
+    for name in ext4 xfs block repaired; do
+        findmnt "/srv/mk-$name" >/dev/null || fail "$context: the consumer /srv/mk-$name is not mounted"
+        check_payload "/srv/mk-$name" "mk-$name"
+    done
+    [[ ! -e $MK_STOP_RAN ]] || fail "$context: the old unit's ExecStop ran: $(cat "$MK_STOP_RAN")"
+    log "$context: the four volumes taken over from MetalK8s-style units attached once, linked, mounted, data intact; the old units masked and inactive, their ExecStop never run"
+}
+
 # The volumes on the 4K storage root: attached once, with 4096-byte
 # sectors, their links, and their fstab consumers mounted with data intact.
 verify_4k() {
@@ -426,7 +578,7 @@ pv_paths_exist() {
     paths=$(grep -o '/dev/disk/by-[a-z]*/[0-9a-f-]*' <<<"$out" | sort)
     for name in $ENABLED_VOLUMES; do
         case $name in
-        BLOCK | B4K) want+="/dev/disk/by-partuuid/${!name}"$'\n' ;;
+        BLOCK | B4K | MK_BLOCK) want+="/dev/disk/by-partuuid/${!name}"$'\n' ;;
         *) want+="/dev/disk/by-uuid/${!name}"$'\n' ;;
         esac
     done
@@ -596,7 +748,7 @@ verify_lean_units() {
 }
 
 # The N-th ```sh block of a doc page that scenario.sh copies in (README.md,
-# emergency-switch.md, monitoring.md). tests/doc_commands.rs checks that
+# emergency-switch.md, monitoring.md, take-over.md). tests/doc_commands.rs checks that
 # every shell block of the docs is run by a `doc_block PAGE N` here (or
 # by the scripts CI runs).
 doc_block() {
@@ -762,6 +914,7 @@ verify() {
         fi
     fi
     verify_4k
+    verify_taken_over "after boot $boot"
     verify_loop_ref "$boot"
     ((boot != 1)) || verify_units
     ((boot != 1)) || verify_lean_units
@@ -1104,9 +1257,15 @@ prepare_boot() {
         sed -i -e "s|^\(UUID=$EXT4 /srv/consumer ext4 defaults\)|\1,nofail,x-systemd.device-timeout=5s|" \
             -e "s|^\(PARTUUID=$BLOCK /srv/block ext4 defaults\)|\1,nofail,x-systemd.device-timeout=5s|" \
             -e "/^UUID=$E4K /s/device-timeout=90s/device-timeout=5s/" \
-            -e "/^UUID=$X4K /s/device-timeout=90s/device-timeout=5s/" /etc/fstab
-        [[ $(grep -c 'nofail,x-systemd.device-timeout=5s' /etc/fstab) == 4 ]] ||
-            fail "prepare-boot 4: the four fstab consumers of volumes were not made nofail with a 5 s device timeout: $(cat /etc/fstab)"
+            -e "/^UUID=$X4K /s/device-timeout=90s/device-timeout=5s/" \
+            -e "\# /srv/mk-#s/device-timeout=90s/device-timeout=5s/" /etc/fstab
+        local consumers=$((4 + $(grep -c ' /srv/mk-' /etc/fstab || true)))
+        [[ $(grep -c 'nofail,x-systemd.device-timeout=5s' /etc/fstab) == "$consumers" ]] ||
+            fail "prepare-boot 4: the $consumers fstab consumers of volumes were not made nofail with a 5 s device timeout: $(cat /etc/fstab)"
+        # Without the generator's masks in this boot, the old unit enabled
+        # again after the take-over would attach the xfs volume (the guide
+        # says so): the take-over's disable is what holds then.
+        rm -f /etc/systemd/system/multi-user.target.wants/metalk8s-sparse-volume@*.service
         # Boot 3's unknown key has been seen; check must find nothing else.
         sed -i '/^overcommit = 2.0$/d' "$CONFIG"
         echo "sparse_volume=off" >"$BOOT_SWITCH"
@@ -1345,6 +1504,7 @@ detach-by-link) detach_by_link ;;
 package) package ;;
 upgrade-from-previous) upgrade_from_previous ;;
 clone) clone_consumer ;;
+take-over) take_over ;;
 readme-create) readme_create ;;
 readme-check) readme_check ;;
 emergency-switch-doc) emergency_switch_doc ;;

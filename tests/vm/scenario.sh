@@ -145,14 +145,15 @@ vm_start 1G 1G@4k
 # The CI log names what each guest proved things on.
 # shellcheck disable=SC2016 # expanded in the guest
 vm_log "guest: $(vm_ssh '. /etc/os-release && echo "$PRETTY_NAME, $(systemctl --version | head -n 1 | cut -d" " -f1,2), $(losetup --version), kernel $(uname -r)"' </dev/null)"
-vm_copy_in "${debs[0]}" "$(upgrade_deb)" tests/vm/guest.sh tests/vm/partition-once.sh README.md \
-    docs/guide/emergency-switch.md docs/guide/monitoring.md /root/
+vm_copy_in "${debs[0]}" "$(upgrade_deb)" tests/vm/guest.sh tests/vm/partition-once.sh tests/vm/metalk8s-volume.sh README.md \
+    docs/guide/emergency-switch.md docs/guide/monitoring.md docs/guide/take-over.md /root/
 vm_ssh "mkdir -p /root/previous" </dev/null
 vm_copy_in "$previous" /root/previous/
 vm_ssh "dpkg-deb -f /root/previous/${previous##*/} Version >/root/previous/version && dpkg -i /root/previous/${previous##*/}" </dev/null
 phase "setup, on the last release's package" setup
 phase "upgrade from the last release with volumes attached and mounted" upgrade-from-previous
 phase "a clone of the mounted consumer, under its own identity" clone
+phase "MetalK8s-style volumes taken over with their consumers mounted" take-over
 if [[ ${SV_VM_QUICK:-0} == 1 ]]; then
     # For work on these steps only: no boot 1 and 2, no package phase.
     vm_log "SV_VM_QUICK=1: only the unit states and the two emergency-switch boots"

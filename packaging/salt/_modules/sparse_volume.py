@@ -158,7 +158,8 @@ def apply(test=None, **desired):
     ``state`` (present/absent), ``uuid``, ``name``, ``size`` (bytes or a
     string such as ``10G``), ``mode``, ``fs_type``, ``path``, ``enabled``,
     ``read_only``, ``preallocate``, ``sector_size``, ``mkfs_options``,
-    ``clone_of``, ``freeze_during_copy``, ``delete_data``, ``now``. Unknown
+    ``clone_of``, ``freeze_during_copy``, ``replaces_unit``, ``delete_data``,
+    ``now``. Unknown
     keys are refused by the CLI.
 
     test

@@ -104,7 +104,10 @@ def present(name, **kwargs):
     (ext4/xfs), ``path``, ``enabled``, ``read_only``, ``preallocate``,
     ``sector_size``, ``mkfs_options``, ``now``, and ``clone_of`` (make
     it as a clone of that volume, its content at one instant; with
-    ``freeze_during_copy`` on storage without reflink). Omitted keys mean the
+    ``freeze_during_copy`` on storage without reflink), and
+    ``replaces_unit`` (register the existing file at ``path`` and take it
+    over, consumers mounted, from the unit that attached it, such as
+    ``metalk8s-sparse-volume@<UUID>.service``). Omitted keys mean the
     default for a new volume and "leave as it is" for an existing one.
     A smaller size, or a different mode, file system, path, sector size,
     preallocation or mkfs options, is refused (result False) and never

@@ -38,6 +38,7 @@ mod file_system;
 mod last_check;
 mod leftover_nodes;
 mod preallocation;
+mod replaced_unit;
 
 pub use last_check::LastCheck;
 
@@ -557,6 +558,7 @@ fn audit_volume(audit: &mut Audit, volume: &Volume) -> Result<()> {
     if let (true, Some(file)) = (volume.preallocated, &file) {
         preallocation::audit_preallocation(audit, volume, file, &path)?;
     }
+    replaced_unit::audit_replaced_unit(audit, volume, &path);
 
     // Without root, devices are matched by the path sysfs shows.
     let devices = loop_device::devices_of_file(&path)?;

@@ -206,6 +206,7 @@ pub fn create_volume(registry: &Registry, request: &CreateRequest) -> Result<Cre
         name: request.name.clone(),
         sector_size,
         origin: None,
+        replaces_unit: None,
     };
     // The parser's own rules, before anything exists on disk.
     volume.validate()?;

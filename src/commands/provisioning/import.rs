@@ -334,6 +334,7 @@ fn exported_volume(registry: &Registry, manifest: &Manifest) -> Result<Volume> {
         name: manifest.name.clone(),
         sector_size: manifest.sector_size,
         origin: None,
+        replaces_unit: None,
     };
     Ok(volume)
 }

@@ -10,3 +10,4 @@ pub mod import;
 pub mod register;
 pub mod remove;
 pub mod resize;
+pub mod take_over;

@@ -7,7 +7,13 @@ use std::path::PathBuf;
 use anyhow::{bail, Result};
 use serde::Serialize;
 
+use crate::commands::provisioning::take_over::{
+    live_steps_pending, refuse_unknown_unit, refuse_unless_one_device, refuse_unrelated_unit,
+    take_over_now, unmanaged_note, TakeOverReport,
+};
 use crate::commands::report::{Failure, Outcome, Report};
+use crate::engine::activate::{bring_up_now, systemd_unless_absent};
+use crate::engine::attach::refuse_if_skipped;
 use crate::kernel::block_device::backing_logical_block_size;
 use crate::registry::{check_path, check_size, Registry, Volume};
 use crate::volume::backing_file::open_backing_file;
@@ -37,6 +43,11 @@ pub struct RegisterRequest {
     /// Detected from the content when not given; refused when the content
     /// does not read with it.
     pub sector_size: Option<u32>,
+    /// The unit that attached the file so far, taken over (see
+    /// `take_over`).
+    pub replaces_unit: Option<String>,
+    /// Start the volume's unit afterwards.
+    pub now: bool,
 }
 
 #[derive(Debug, Serialize)]
@@ -48,10 +59,58 @@ pub struct RegisterReport {
     pub mode: &'static str,
     pub fs_type: Option<String>,
     pub sector_size: u32,
+    /// The take-over from `replaces_unit`, when asked.
+    pub take_over: Option<TakeOverReport>,
+    /// The loop device after `--now` (or a take-over of an attached file).
+    pub device: Option<PathBuf>,
+    /// How it was started (`--now`), for the sentence.
+    #[serde(skip)]
+    pub started: Option<String>,
+    /// The registry entry was written (`changed` also counts the steps
+    /// after it).
+    #[serde(skip)]
+    pub registered: bool,
 }
 
 impl Report for RegisterReport {
     fn human(&self) -> String {
+        let mut said = self.registration();
+        if let Some(take_over) = &self.take_over {
+            said.push_str("; ");
+            said.push_str(&take_over.human());
+        } else if let (Some(how), Some(device)) = (&self.started, &self.device) {
+            said.push_str(&format!("; {how}, attached as {}", device.display()));
+        }
+        said
+    }
+
+    fn warnings(&self) -> Vec<String> {
+        self.take_over
+            .as_ref()
+            .map(|t| t.notes.clone())
+            .unwrap_or_default()
+    }
+
+    fn planned(&self) -> String {
+        let said = self.registration();
+        let mut planned = match said.strip_prefix("registered ") {
+            Some(rest) => format!("would register {rest}"),
+            None => said,
+        };
+        if let Some(take_over) = &self.take_over {
+            let unit = &take_over.unit;
+            planned.push_str(&if take_over.notes.is_empty() {
+                format!("; would take over from {unit} (masked at every boot, disabled, stopped without its ExecStop, its device adopted)")
+            } else {
+                format!("; would have the generator mask {unit} from the next boot on")
+            });
+        }
+        planned
+    }
+}
+
+impl RegisterReport {
+    fn registration(&self) -> String {
         if self.changed {
             format!(
                 "registered {} ({}, {} bytes) at {}",
@@ -68,18 +127,73 @@ impl Report for RegisterReport {
             )
         }
     }
-
-    fn planned(&self) -> String {
-        let said = self.human();
-        match said.strip_prefix("registered ") {
-            Some(rest) => format!("would register {rest}"),
-            None => said,
-        }
-    }
 }
 
 pub fn register(registry: &Registry, request: &RegisterRequest) -> Outcome<RegisterReport> {
-    adopt(registry, request).map_err(Failure::Unchanged)
+    // As `enable`: no systemd is a machine it did not boot; a bus that
+    // does not answer on one it booted is refused before anything.
+    let systemd = if request.replaces_unit.is_some() || request.now {
+        systemd_unless_absent(registry)
+            .map_err(Failure::Unchanged)?
+            .ok()
+    } else {
+        None
+    };
+    if let Some(unit) = &request.replaces_unit {
+        refuse_unrelated_unit(unit, &request.uuid).map_err(Failure::Unchanged)?;
+        // The live steps would end in an attach the switch refuses: the
+        // old unit stopped and nothing holding the device.
+        refuse_if_skipped(registry, &request.uuid).map_err(Failure::Unchanged)?;
+        if let Some(systemd) = &systemd {
+            refuse_unknown_unit(systemd, unit).map_err(Failure::Unchanged)?;
+        }
+    }
+    let mut report = adopt(registry, request).map_err(Failure::Unchanged)?;
+    report.registered = report.changed;
+    if request.dry_run {
+        if let Some(unit) = &request.replaces_unit {
+            if let Some(systemd) = &systemd {
+                report.changed |= live_steps_pending(registry, systemd, &request.uuid, unit)
+                    .map_err(Failure::Unchanged)?;
+            }
+            report.take_over = Some(TakeOverReport {
+                unit: unit.clone(),
+                notes: systemd
+                    .is_none()
+                    .then(|| unmanaged_note(unit))
+                    .into_iter()
+                    .collect(),
+                ..TakeOverReport::default()
+            });
+        }
+        return Ok(report);
+    }
+    let id = request.uuid;
+    let partly = |report: &RegisterReport, error: anyhow::Error| {
+        if report.changed {
+            Failure::PartlyApplied {
+                uuid: id,
+                actions: vec!["register".to_string()],
+                error,
+            }
+        } else {
+            Failure::Unchanged(error)
+        }
+    };
+    if let Some(unit) = &request.replaces_unit {
+        let take_over = take_over_now(registry, systemd.as_ref(), &id, unit, request.now)
+            .map_err(|error| partly(&report, error))?;
+        report.changed |= take_over.changed();
+        report.device = take_over.device.clone();
+        report.take_over = Some(take_over);
+    } else if request.now {
+        let activation =
+            bring_up_now(registry, &id, true).map_err(|error| partly(&report, error))?;
+        report.changed |= activation.changed;
+        report.device = activation.device;
+        report.started = Some(activation.how);
+    }
+    Ok(report)
 }
 
 /// Checks the file and writes its entry, under the registry lock; nothing
@@ -98,18 +212,49 @@ fn adopt(registry: &Registry, request: &RegisterRequest) -> Result<RegisterRepor
         mode: volume.mode.name(),
         fs_type: volume.mode.fs_type_name(),
         sector_size: volume.sector_size,
+        take_over: None,
+        device: None,
+        started: None,
+        registered: false,
     };
 
     let _lock = registry.lock()?;
     if let Some(existing) = registry.get(&id)? {
         let same_name = request.name.is_none() || request.name == existing.name;
         if existing.path == request.path && same_spec(&existing, request) && same_name {
-            return Ok(report(false, &existing));
+            if let Some(unit) = &request.replaces_unit {
+                refuse_unless_one_device(registry, &id, unit)?;
+            }
+            return match (&request.replaces_unit, &existing.replaces_unit) {
+                // The first unit would lose its mask at the next reload.
+                (Some(unit), Some(earlier)) if unit != earlier => bail!(
+                    "the volume was taken over from {earlier} already; a volume replaces one unit"
+                ),
+                (Some(unit), None) => {
+                    // A volume registered before: the take-over is one more
+                    // key in its entry.
+                    let volume = Volume {
+                        replaces_unit: Some(unit.clone()),
+                        ..existing
+                    };
+                    volume.validate()?;
+                    if !request.dry_run {
+                        registry.put(&volume)?;
+                    }
+                    Ok(report(true, &volume))
+                }
+                _ => Ok(report(false, &existing)),
+            };
         }
         if !same_name {
+            let named = existing
+                .name
+                .as_ref()
+                .map_or("without a name".to_string(), |name| {
+                    format!("named {name:?}")
+                });
             bail!(
-                "the volume is already registered, named {:?} (rename it with `sparse-volume apply --uuid {id} --name NEW`)",
-                existing.name.as_deref().unwrap_or_default()
+                "the volume is already registered, {named} (name it with `sparse-volume apply --uuid {id} --name NEW`)"
             );
         }
         bail!(
@@ -132,7 +277,7 @@ fn adopt(registry: &Registry, request: &RegisterRequest) -> Result<RegisterRepor
         .map_err(|what| anyhow::anyhow!("backing file {} holds {what}", host_path.display()))?;
     if !identifies(&content, &mode, id.uuid()) {
         bail!(
-            "backing file {} holds {}, which does not carry the volume UUID",
+            "backing file {} holds {}, which does not carry the volume UUID {id} (is it the file or the UUID you meant?)",
             host_path.display(),
             content.describe()
         );
@@ -151,8 +296,12 @@ fn adopt(registry: &Registry, request: &RegisterRequest) -> Result<RegisterRepor
         name: request.name.clone(),
         sector_size,
         origin: None,
+        replaces_unit: request.replaces_unit.clone(),
     };
     volume.validate()?;
+    if let Some(unit) = &request.replaces_unit {
+        refuse_unless_one_device(registry, &id, unit)?;
+    }
     if request.dry_run {
         return Ok(report(true, &volume));
     }

@@ -21,6 +21,12 @@
 #   check.sh salt       after salt-ssh's first state.apply: its ext4 volume
 #                       (SV_SALT_EXT4) and block volume (SV_SALT_BLOCK)
 #                       registered, attached once, linked, units active
+#   check.sh taken-over after the take-over guide's play or state: the
+#                       MetalK8s-style volume SV_MK still on the loop device
+#                       SV_MK_DEVICE (and only there, no pending detach), its
+#                       consumer mounted at SV_MK_MOUNT, the old unit masked,
+#                       inactive, disabled, its ExecStop never run, and
+#                       sparse-volume's unit active
 #
 # The volumes come from the environment: SV_EXT4, SV_XFS, SV_BLOCK (UUIDs)
 # and SV_EXT4_GROWN (the ext4 volume's size in bytes after playbook 2).
@@ -163,6 +169,19 @@ salt)
     [[ $(readlink -f "/dev/disk/by-partuuid/$SV_SALT_BLOCK") == "${block}p1" ]] ||
         fail "salt block volume: /dev/disk/by-partuuid/$SV_SALT_BLOCK -> $(readlink -f "/dev/disk/by-partuuid/$SV_SALT_BLOCK"), expected ${block}p1"
     log "ext4 on $loop, block on ${block}p1, both units active"
+    ;;
+taken-over)
+    old=metalk8s-sparse-volume@$SV_MK.service
+    loop=$(only_loop_of "/var/lib/metalk8s/storage/sparse/$SV_MK")
+    [[ $loop == "$SV_MK_DEVICE" ]] || fail "$SV_MK: on $loop, expected the device its old unit made, $SV_MK_DEVICE"
+    [[ $(cat "/sys/block/${loop#/dev/}/loop/autoclear") == 0 ]] || fail "$SV_MK: $loop has a pending detach"
+    findmnt "$SV_MK_MOUNT" >/dev/null || fail "$SV_MK: the consumer $SV_MK_MOUNT is not mounted"
+    [[ $(systemctl show -P LoadState "$old") == masked ]] || fail "$old is $(systemctl show -P LoadState "$old"), expected masked"
+    [[ $(systemctl is-active "$old" || true) == inactive ]] || fail "$old is $(systemctl is-active "$old" || true)"
+    [[ ! -e /etc/systemd/system/multi-user.target.wants/$old ]] || fail "$old is still enabled"
+    [[ ! -e /var/lib/mk-cleanup-ran ]] || fail "the old unit's ExecStop ran: $(cat /var/lib/mk-cleanup-ran)"
+    [[ $(unit_state "$SV_MK") == active ]] || fail "$SV_MK: its unit is $(unit_state "$SV_MK")"
+    log "$SV_MK: still on $loop, $SV_MK_MOUNT mounted, $old masked and inactive, sparse-volume@$SV_MK.service active"
     ;;
 *)
     fail "unknown step"

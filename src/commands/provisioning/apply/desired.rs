@@ -6,6 +6,7 @@ use std::path::PathBuf;
 
 use serde::Deserialize;
 
+use crate::systemd::unit::check_replaced_unit;
 use crate::volume::id::VolumeId;
 use crate::volume::reference::{check_name_as_reference, parse_uuid_any_case, VolumeRef};
 use crate::volume::size::parse_size;
@@ -41,6 +42,9 @@ pub struct Desired {
     pub clone_of: Option<VolumeRef>,
     /// For a clone on storage without reflink, of a mounted source.
     pub freeze_during_copy: bool,
+    /// The existing file at `path` is registered (never made) and taken
+    /// over from this unit (`register --replaces-unit`).
+    pub replaces_unit: Option<String>,
     pub delete_data: bool,
     pub now: bool,
 }
@@ -66,6 +70,7 @@ struct Document {
     mkfs_options: Option<Vec<String>>,
     clone_of: Option<String>,
     freeze_during_copy: Option<bool>,
+    replaces_unit: Option<String>,
     delete_data: Option<bool>,
     now: Option<bool>,
 }
@@ -112,6 +117,7 @@ impl Desired {
                 .map(|text| text.parse::<VolumeRef>())
                 .transpose()?,
             freeze_during_copy: document.freeze_during_copy.unwrap_or(false),
+            replaces_unit: document.replaces_unit,
             delete_data: document.delete_data.unwrap_or(false),
             now: document.now.unwrap_or(false),
         };
@@ -155,6 +161,21 @@ impl Desired {
                 return Err(format!(
                     "{key} is the source's in a clone; leave it out with clone_of"
                 ));
+            }
+        }
+        if let Some(unit) = &self.replaces_unit {
+            check_replaced_unit(unit)?;
+            if self.state == State::Absent {
+                return Err("replaces_unit is only valid with state present".into());
+            }
+            if self.clone_of.is_some() {
+                return Err("replaces_unit takes over an existing file; a clone is made new (leave out one of clone_of and replaces_unit)".into());
+            }
+            if self.uuid.is_none() || self.path.is_none() {
+                return Err("replaces_unit needs the uuid the file carries and its path".into());
+            }
+            if self.preallocate.is_some() || self.mkfs_options.is_some() {
+                return Err("preallocate and mkfs_options make a new file; with replaces_unit the file exists".into());
             }
         }
         if self.state == State::Present && self.delete_data {
@@ -203,6 +224,14 @@ mod tests {
                 "neither a whole number of bytes",
             ),
             (r#"{"name": "a", "size": -1}"#, "is not a size"),
+            (
+                r#"{"name": "a", "replaces_unit": "old@a.service"}"#,
+                "needs the uuid the file carries and its path",
+            ),
+            (
+                r#"{"name": "a", "replaces_unit": "sparse-volume@a.service"}"#,
+                "own units",
+            ),
         ] {
             let error = Desired::from_document(text).expect_err(text);
             assert!(error.contains(reason), "{text}: {error}");

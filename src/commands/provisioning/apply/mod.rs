@@ -15,6 +15,7 @@ use crate::commands::provisioning::clone::{clone_volume, CloneRequest};
 use crate::commands::provisioning::create::{
     create_volume, spec_differences, AskedSpec, CreateRequest, UUID_PLACEHOLDER,
 };
+use crate::commands::provisioning::register::{register, RegisterMode, RegisterRequest};
 use crate::commands::provisioning::{remove, resize};
 use crate::commands::report::{Failure, Outcome, Report};
 use crate::engine::activate::{
@@ -31,7 +32,7 @@ use crate::volume::id::VolumeId;
 use crate::volume::reference::VolumeRef;
 use crate::volume::size::format_size;
 use crate::volume::size::round_up_to_mib;
-use crate::volume::spec::{Mode, ModeKind};
+use crate::volume::spec::{FsType, Mode, ModeKind};
 use desired::{Desired, State};
 pub use record::VolumeRecord;
 use record::{record, record_without_runtime};
@@ -295,6 +296,9 @@ impl Converge<'_> {
         if let Some(source) = &desired.clone_of {
             return self.clone_from(source);
         }
+        if let Some(unit) = &desired.replaces_unit {
+            return self.take_over(unit);
+        }
         let size = desired
             .size
             .context("the volume does not exist; a size is needed to create it")?;
@@ -347,11 +351,115 @@ impl Converge<'_> {
                 name: desired.name.clone(),
                 sector_size: created.sector_size,
                 origin: None,
+                replaces_unit: None,
             }
         } else {
             registry.require(&id)?
         };
         self.settle(volume, None, created.changed)
+    }
+
+    /// The existing file registered and taken over from `unit` (see
+    /// `take_over`); then settled like a created one by the same steps.
+    fn take_over(&mut self, unit: &str) -> Result<Volume> {
+        let (changed, volume) = self.register_taking_over(unit)?;
+        let mut volume = volume;
+        self.grow_if_asked(&mut volume)?;
+        self.settle(volume, None, changed)
+    }
+
+    /// `register --replaces-unit` with the desired uuid, path and spec:
+    /// whether it changed anything, and the volume as registered (as it
+    /// would be, in a dry run).
+    fn register_taking_over(&mut self, unit: &str) -> Result<(bool, Volume)> {
+        let registry = self.registry;
+        let desired = self.desired;
+        let (Some(id), Some(path)) = (desired.uuid, desired.path.clone()) else {
+            bail!("replaces_unit needs the uuid the file carries and its path");
+        };
+        let mode = match (desired.mode, desired.fs_type) {
+            (Some(ModeKind::Block), _) => RegisterMode::Block,
+            (None, None) => RegisterMode::Detected,
+            (_, fs_type) => RegisterMode::Filesystem(fs_type),
+        };
+        let registered_before = registry.get(&id)?;
+        self.uuid = Some(id);
+        let report = register(
+            registry,
+            &RegisterRequest {
+                uuid: id,
+                path: path.clone(),
+                mode,
+                // A registered volume is renamed by the steps after this
+                // one, like any other.
+                name: match registered_before {
+                    Some(_) => None,
+                    None => desired.name.clone(),
+                },
+                dry_run: self.dry_run,
+                sector_size: desired.sector_size,
+                replaces_unit: Some(unit.to_string()),
+                now: false,
+            },
+        );
+        let report = match report {
+            Ok(report) => report,
+            Err(Failure::Unchanged(error)) => return Err(error),
+            Err(Failure::PartlyApplied { error, .. }) => {
+                // The entry was written: the caller reports the failure as
+                // partly applied, with this action.
+                self.actions.push(format!(
+                    "register {} and take it over from {unit}",
+                    path.display()
+                ));
+                return Err(error);
+            }
+        };
+        if report.registered {
+            self.actions.push(format!(
+                "register {} and take it over from {unit}",
+                path.display()
+            ));
+        } else if report.changed {
+            self.actions.push(format!("take over from {unit}"));
+        }
+        let volume = match registry.get(&id)? {
+            Some(volume) if !self.dry_run || volume.replaces_unit.as_deref() == Some(unit) => {
+                volume
+            }
+            registered => {
+                // A dry run: what the register would write.
+                let mode = match (report.mode, report.fs_type.as_deref()) {
+                    ("block", _) => Mode::Block,
+                    (_, fs_type) => Mode::Filesystem {
+                        fs_type: fs_type
+                            .map(str::parse)
+                            .transpose()
+                            .map_err(|e: String| anyhow!(e))?
+                            .unwrap_or(FsType::Ext4),
+                        mkfs_options: Vec::new(),
+                    },
+                };
+                Volume {
+                    replaces_unit: Some(unit.to_string()),
+                    ..registered.unwrap_or(Volume {
+                        id,
+                        path,
+                        size: report.size,
+                        mode,
+                        enabled: true,
+                        read_only: false,
+                        direct_io: registry.config().direct_io,
+                        preallocated: false,
+                        name: desired.name.clone(),
+                        sector_size: report.sector_size,
+                        origin: None,
+                        replaces_unit: None,
+                    })
+                }
+            }
+        };
+        Ok((report.changed, volume))
     }
 
     /// The volume made as a clone; then settled like a created one (grown,
@@ -450,6 +558,9 @@ impl Converge<'_> {
             );
         }
         let mut volume = volume;
+        if let Some(unit) = &desired.replaces_unit {
+            volume = self.register_taking_over(unit)?.1;
+        }
         self.grow_if_asked(&mut volume)?;
         self.settle(volume, before, false)
     }

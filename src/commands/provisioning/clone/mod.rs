@@ -272,6 +272,7 @@ fn clone_of(registry: &Registry, source: &Volume, request: &CloneRequest) -> Res
         enabled: request.enabled,
         read_only: request.read_only,
         origin: Some(source.id),
+        replaces_unit: None,
         // Shared or copied, a clone's extents are no reservation: it
         // takes space as it is written, like any sparse volume.
         preallocated: false,

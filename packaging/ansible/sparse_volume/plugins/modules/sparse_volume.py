@@ -139,6 +139,14 @@ options:
         source for the whole copy (its writers wait) instead of failing. The CLI's default is
         V(false).
     type: bool
+  replaces_unit:
+    description:
+      - Take the volume over from the systemd unit that attached its file so far (a MetalK8s
+        C(metalk8s-sparse-volume@<UUID>.service)), with its consumers mounted: the existing file
+        at O(path) is registered, never made (needs O(uuid) and O(path)); the unit is masked at
+        every boot, disabled and stopped without its C(ExecStop); the loop device it made is
+        adopted by the volume's own unit (C(sparse-volume register --replaces-unit)).
+    type: str
   delete_data:
     description:
       - With O(state=absent), delete the backing file too. The CLI's default is V(false).
@@ -304,7 +312,7 @@ from ansible_collections.sparse_volume.sparse_volume.plugins.module_utils.cli im
 DOCUMENT_KEYS = (
     "state", "uuid", "name", "size", "mode", "fs_type", "path", "enabled",
     "read_only", "preallocate", "sector_size", "mkfs_options", "clone_of",
-    "freeze_during_copy", "delete_data", "now",
+    "freeze_during_copy", "replaces_unit", "delete_data", "now",
 )
 
 
@@ -336,6 +344,7 @@ def main():
             mkfs_options=dict(type="list", elements="str"),
             clone_of=dict(type="str"),
             freeze_during_copy=dict(type="bool"),
+            replaces_unit=dict(type="str"),
             delete_data=dict(type="bool"),
             now=dict(type="bool"),
             binary=dict(type="str", default="sparse-volume"),

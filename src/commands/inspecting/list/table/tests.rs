@@ -57,6 +57,7 @@ fn volume(spec: Spec) -> VolumeInfo {
         uuid: spec.uuid.to_string(),
         name: spec.name.map(str::to_string),
         origin: None,
+        replaces_unit: None,
         mode: if block { "block" } else { "filesystem" },
         fs_type: spec.fs.map(str::to_string),
         size: spec.size,
