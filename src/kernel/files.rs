@@ -287,6 +287,69 @@ impl ExclusiveLock {
     }
 }
 
+/// Starts writing `length` bytes of `file` from `offset` back to disk
+/// without waiting (`sync_file_range` with `SYNC_FILE_RANGE_WRITE`), so a
+/// long write overlaps its own write-back. Only a hint: it guarantees
+/// nothing, and an error is left for the `fsync` that must follow.
+pub fn start_write_back(file: &File, offset: u64, length: usize) {
+    let (Ok(offset), Ok(length)) = (i64::try_from(offset), i64::try_from(length)) else {
+        return;
+    };
+    // SAFETY: the descriptor is open for the call's duration, and the
+    // call only reads its arguments.
+    unsafe {
+        libc::sync_file_range(
+            file.as_raw_fd(),
+            offset,
+            length,
+            libc::SYNC_FILE_RANGE_WRITE,
+        );
+    }
+}
+
+/// A sequential writer into `file` that starts the write-back of each
+/// `WRITE_BEHIND_STEP` written ([`start_write_back`]), so that the disk
+/// writes while the data is still produced and the `fsync` that makes the
+/// file durable finds little left.
+pub struct WriteBehind<'a> {
+    file: &'a File,
+    written: u64,
+    /// Where the write-back was last started up to.
+    started: u64,
+}
+
+/// How much is written between two write-back starts.
+const WRITE_BEHIND_STEP: u64 = 32 << 20;
+
+impl<'a> WriteBehind<'a> {
+    pub fn new(file: &'a File) -> Self {
+        Self {
+            file,
+            written: 0,
+            started: 0,
+        }
+    }
+}
+
+impl Write for WriteBehind<'_> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let wrote = (&mut &*self.file).write(buf)?;
+        self.written += wrote as u64;
+        let pending = self.written - self.started;
+        if pending >= WRITE_BEHIND_STEP {
+            if let Ok(length) = usize::try_from(pending) {
+                start_write_back(self.file, self.started, length);
+            }
+            self.started = self.written;
+        }
+        Ok(wrote)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        (&mut &*self.file).flush()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

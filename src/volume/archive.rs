@@ -18,6 +18,7 @@
 
 use std::collections::BTreeMap;
 use std::io::{self, Read, Write};
+use std::sync::mpsc;
 
 use anyhow::{bail, ensure, Context, Result};
 use serde::{Deserialize, Serialize};
@@ -115,25 +116,24 @@ impl<W: Write> Writer<W> {
         let member_size = map.len() as u64 + data;
         self.member(&format!("GNUSparseFile.0/{name}"), member_size)?;
         self.out.write_all(&map)?;
-        let mut data_hash = Sha256::new();
-        let mut buffer = vec![0u8; CHUNK];
-        for &(offset, length) in ranges {
-            data_hash.update(format!("{offset} {length}\n").as_bytes());
-            let mut done = 0u64;
-            while done < length {
-                let chunk = &mut buffer[..(length - done).min(CHUNK as u64) as usize];
-                read_at(offset + done, chunk)
-                    .with_context(|| format!("reading the volume at byte {}", offset + done))?;
-                data_hash.update(&*chunk);
-                self.out.write_all(chunk)?;
-                done += chunk.len() as u64;
+        let out = &mut self.out;
+        let ((), data_sum) = hashed_alongside(|hashing| {
+            for &(offset, length) in ranges {
+                hashing.hash(format!("{offset} {length}\n").into_bytes())?;
+                let mut done = 0u64;
+                while done < length {
+                    let mut chunk = hashing.buffer((length - done).min(CHUNK as u64) as usize);
+                    read_at(offset + done, &mut chunk)
+                        .with_context(|| format!("reading the volume at byte {}", offset + done))?;
+                    out.write_all(&chunk)?;
+                    done += chunk.len() as u64;
+                    hashing.hash(chunk)?;
+                }
             }
-        }
+            Ok(())
+        })?;
         self.pad(member_size)?;
-        Ok(stream_checksum(
-            &self.manifest_text,
-            &format!("{:x}", data_hash.finalize()),
-        ))
+        Ok(stream_checksum(&self.manifest_text, &data_sum))
     }
 
     /// The checksum member and the end of the archive.
@@ -173,6 +173,60 @@ impl<W: Write> Writer<W> {
         let rest = (BLOCK - (written % BLOCK as u64) as usize) % BLOCK;
         self.out.write_all(&vec![0u8; rest])?;
         Ok(())
+    }
+}
+
+/// How many chunks may wait for the hashing thread: enough to keep it
+/// busy while the next chunk is read, few enough to bound the memory.
+const CHUNKS_IN_FLIGHT: usize = 2;
+
+/// The SHA-256 of what `work` hands to [`Hashing::hash`], computed on a
+/// second thread while `work` goes on reading and writing: on two cores
+/// an import or export then costs about its I/O alone, not I/O plus
+/// hashing.
+fn hashed_alongside<T>(work: impl FnOnce(&Hashing) -> Result<T>) -> Result<(T, String)> {
+    std::thread::scope(|scope| {
+        let (to_hash, hashed) = mpsc::sync_channel::<Vec<u8>>(CHUNKS_IN_FLIGHT);
+        let (give_back, spare) = mpsc::channel::<Vec<u8>>();
+        let hasher = scope.spawn(move || {
+            let mut hash = Sha256::new();
+            for bytes in hashed {
+                hash.update(&bytes);
+                // Gone only when `work` has ended: nothing to hand back to.
+                let _ = give_back.send(bytes);
+            }
+            format!("{:x}", hash.finalize())
+        });
+        let hashing = Hashing { to_hash, spare };
+        let worked = work(&hashing);
+        // Closing the channel ends the hasher.
+        drop(hashing);
+        let sum = hasher
+            .join()
+            .map_err(|_| anyhow::anyhow!("the hashing thread panicked"))?;
+        Ok((worked?, sum))
+    })
+}
+
+/// [`hashed_alongside`]'s side of the channel.
+struct Hashing {
+    to_hash: mpsc::SyncSender<Vec<u8>>,
+    /// Buffers the hasher is done with, to read the next chunk into.
+    spare: mpsc::Receiver<Vec<u8>>,
+}
+
+impl Hashing {
+    /// A buffer of `length` bytes, one the hasher handed back if any.
+    fn buffer(&self, length: usize) -> Vec<u8> {
+        let mut buffer = self.spare.try_recv().unwrap_or_default();
+        buffer.resize(length, 0);
+        buffer
+    }
+
+    fn hash(&self, bytes: Vec<u8>) -> Result<()> {
+        self.to_hash
+            .send(bytes)
+            .map_err(|_| anyhow::anyhow!("the hashing thread ended early"))
     }
 }
 
@@ -386,26 +440,24 @@ impl<R: Read> Reader<R> {
             member.size.saturating_sub(map_bytes),
             manifest.data_bytes
         );
-        let mut data_hash = Sha256::new();
-        let mut buffer = vec![0u8; CHUNK];
-        for (offset, length) in ranges {
-            if length == 0 {
-                continue;
+        let input = &mut self.input;
+        let ((), data) = hashed_alongside(|hashing| {
+            for &(offset, length) in ranges.iter().filter(|(_, length)| *length > 0) {
+                hashing.hash(format!("{offset} {length}\n").into_bytes())?;
+                let mut done = 0u64;
+                while done < length {
+                    let mut chunk = hashing.buffer((length - done).min(CHUNK as u64) as usize);
+                    input
+                        .read_exact(&mut chunk)
+                        .context("the stream ends inside the image; nothing was imported")?;
+                    write_at(offset + done, &chunk)?;
+                    done += chunk.len() as u64;
+                    hashing.hash(chunk)?;
+                }
             }
-            data_hash.update(format!("{offset} {length}\n").as_bytes());
-            let mut done = 0u64;
-            while done < length {
-                let chunk = &mut buffer[..(length - done).min(CHUNK as u64) as usize];
-                self.input
-                    .read_exact(chunk)
-                    .context("the stream ends inside the image; nothing was imported")?;
-                data_hash.update(&*chunk);
-                write_at(offset + done, chunk)?;
-                done += chunk.len() as u64;
-            }
-        }
+            Ok(())
+        })?;
         self.skip_padding(member.size)?;
-        let data = format!("{:x}", data_hash.finalize());
         Ok(ImageSums {
             stream: stream_checksum(&self.manifest_text, &data),
             data,

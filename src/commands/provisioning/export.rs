@@ -16,7 +16,7 @@ use crate::commands::report::{Failure, Outcome, Report};
 use crate::engine::capacity;
 use crate::kernel::file_clone::data_ranges;
 use crate::kernel::file_clone::reflink;
-use crate::kernel::files::{name_unnamed, unnamed_file_in, ExclusiveLock};
+use crate::kernel::files::{name_unnamed, unnamed_file_in, ExclusiveLock, WriteBehind};
 use crate::registry::{Registry, Volume};
 use crate::volume::archive::{Manifest, Writer, FORMAT, VERSION};
 use crate::volume::backing_file::open_backing_file;
@@ -228,7 +228,7 @@ fn to_file(
     let report = stream(
         image,
         manifest_of,
-        &unnamed,
+        WriteBehind::new(&unnamed),
         output.display().to_string(),
         consistency,
     )?;

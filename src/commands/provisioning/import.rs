@@ -20,7 +20,7 @@ use crate::engine::capacity;
 use crate::engine::identity::{consumer_file_system, renew_identity};
 use crate::hooks::{self, Crash};
 use crate::kernel::file_clone::data_ranges;
-use crate::kernel::files::sync_dir;
+use crate::kernel::files::{start_write_back, sync_dir};
 use crate::registry::{check_path, Registry, Volume};
 use crate::volume::archive::{data_checksum, ImageSums, Manifest, Reader};
 use crate::volume::backing_file::open_backing_file;
@@ -358,7 +358,12 @@ fn write_image(
     );
     let sums = reader.image(manifest, |offset, data| {
         file.write_all_at(data, offset)
-            .with_context(|| format!("writing {} at byte {offset}", temporary.display()))
+            .with_context(|| format!("writing {} at byte {offset}", temporary.display()))?;
+        // The disk writes while the stream is still read: the fsync before
+        // the rename then finds little left (an import cost the stream
+        // plus a whole fsync).
+        start_write_back(&file, offset, data.len());
+        Ok(())
     })?;
     verify_checksum(reader, manifest, &sums.stream)?;
     hooks::crash_at(Crash::ImportAfterData);
