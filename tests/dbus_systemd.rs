@@ -953,3 +953,36 @@ fn a_repair_cannot_start_again_what_disable_now_is_stopping() {
         String::from_utf8_lossy(&check.stdout)
     );
 }
+
+/// A take-over interrupted right after its registry entry was written:
+/// the unit it replaces is not masked yet (the stub masks nothing), and
+/// `check` says so. Finishing it (`--repair`) needs systemd's generator
+/// and masks: the VM does it (tests/vm/guest.sh, take_over_interrupted).
+#[test]
+fn check_reports_a_take_over_whose_old_unit_is_not_retired() {
+    let world = World::new();
+    let uuid = new_uuid();
+    world.fx.make_ext4(&uuid);
+    let old = format!("metalk8s-sparse-volume@{uuid}.service");
+    world
+        .fx
+        .register(&uuid, "filesystem", &format!("replaces_unit = \"{old}\"\n"));
+    let run = world.run(&["check", "--json"]);
+    let report: serde_json::Value = serde_json::from_str(&run.stdout)
+        .unwrap_or_else(|e| panic!("not JSON ({e}): {} {}", run.stdout, run.stderr));
+    let finding = report["findings"]
+        .as_array()
+        .and_then(|findings| {
+            findings
+                .iter()
+                .find(|f| f["kind"] == "replaced-unit-not-retired")
+        })
+        .unwrap_or_else(|| panic!("no replaced-unit-not-retired finding: {report}"));
+    assert_eq!(finding["uuid"], uuid.as_str(), "{finding}");
+    let message = finding["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains(&old) && message.contains("is not masked (load state loaded"),
+        "{message}"
+    );
+    assert_eq!(run.code, 1, "{}", run.stdout);
+}

@@ -347,6 +347,8 @@ fn json_keys_are_kept() {
         "name",
         // Issue 26: the volume a clone was made from.
         "origin",
+        // Issue 26: the unit a volume was taken over from.
+        "replaces_unit",
         "mode",
         "fs_type",
         "size",

@@ -393,7 +393,7 @@ pub struct RegisterArgs {
 }
 
 fn parse_replaced_unit(value: &str) -> Result<String, String> {
-    crate::systemd::unit::check_replaced_unit(value)
+    crate::registry::check_replaced_unit(value)
         .map(|()| value.to_string())
         .map_err(|reason| reason.replacen("replaces_unit ", "", 1))
 }

@@ -10,3 +10,4 @@ pub mod capacity;
 pub mod detach;
 pub mod identity;
 pub mod inspect;
+pub mod take_over;

@@ -24,7 +24,8 @@ pub use config::{Config, Reserve, KNOWN_KEYS as CONFIG_KEYS};
 pub use error::{NoSuchVolume, RegistryError};
 pub use lenient::RegistryWarning;
 pub use volume_file::{
-    check_path, check_size, check_volume_path, Invalid, Parsed, Volume, KNOWN_KEYS as VOLUME_KEYS,
+    check_path, check_replaced_unit, check_size, check_volume_path, Invalid, Parsed, Volume,
+    KNOWN_KEYS as VOLUME_KEYS,
 };
 
 use crate::kernel::files::{write_atomically, ExclusiveLock};

@@ -35,51 +35,6 @@ pub fn all_volume_units() -> String {
     UNIT_TEMPLATE.replacen('@', "@*", 1)
 }
 
-/// systemd's limit on a unit name (`UNIT_NAME_MAX`).
-const UNIT_NAME_MAX: usize = 255;
-
-/// The rules for a unit another tool used to attach a volume with, which
-/// the generator masks once sparse-volume owns the volume: a service
-/// instance or plain service (a template would mask every instance), in
-/// systemd's unit-name alphabet, and never one of sparse-volume's own.
-pub fn check_replaced_unit(name: &str) -> Result<(), String> {
-    let Some(stem) = name.strip_suffix(".service") else {
-        return Err(format!(
-            "replaces_unit {name:?} must name a service (NAME.service)"
-        ));
-    };
-    if name.len() > UNIT_NAME_MAX {
-        return Err(format!(
-            "replaces_unit is {} bytes long; a unit name has at most {UNIT_NAME_MAX}",
-            name.len()
-        ));
-    }
-    let allowed = |c: char| c.is_ascii_alphanumeric() || ":-_.\\".contains(c);
-    let (prefix, instance) = match stem.split_once('@') {
-        Some((prefix, instance)) => (prefix, Some(instance)),
-        None => (stem, None),
-    };
-    if prefix.is_empty()
-        || !prefix.chars().all(allowed)
-        || instance.is_some_and(|i| !i.chars().all(|c| allowed(c) || c == '@'))
-    {
-        return Err(format!("replaces_unit {name:?} is not a valid unit name"));
-    }
-    if instance == Some("") {
-        return Err(format!(
-            "replaces_unit {name:?} is a template; name the instance that attached this volume ({prefix}@<instance>.service)"
-        ));
-    }
-    // sparse-volume@, sparse-volume-metrics, ...: masking one of ours
-    // would take volumes or their upkeep away.
-    if prefix.starts_with("sparse-volume") {
-        return Err(format!(
-            "replaces_unit {name:?} is one of sparse-volume's own units"
-        ));
-    }
-    Ok(())
-}
-
 /// A loaded unit's states as one listing of systemd gives them.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct UnitActivity {
@@ -191,35 +146,5 @@ mod tests {
         assert!(!state.is_pulled_in_by("sparse-volumes.target"));
         state.wanted_by.push("sparse-volumes.target".into());
         assert!(state.is_pulled_in_by("sparse-volumes.target"));
-    }
-
-    #[test]
-    fn a_replaced_unit_is_a_foreign_service_instance_or_service() {
-        for good in [
-            "metalk8s-sparse-volume@6f1c2a8e-3b4d-4e5f-8a9b-0c1d2e3f4a5b.service",
-            "loop-data.service",
-            "attach@var-lib-x\\x2dy.service",
-        ] {
-            assert_eq!(check_replaced_unit(good), Ok(()), "{good}");
-        }
-        for (bad, says) in [
-            ("metalk8s-sparse-volume@.service", "is a template"),
-            ("loop-data.mount", "must name a service"),
-            ("loop data.service", "not a valid unit name"),
-            ("../x.service", "not a valid unit name"),
-            ("@x.service", "not a valid unit name"),
-            (
-                "sparse-volume@6f1c2a8e-3b4d-4e5f-8a9b-0c1d2e3f4a5b.service",
-                "own units",
-            ),
-            ("sparse-volume-metrics.service", "own units"),
-        ] {
-            let said = check_replaced_unit(bad).expect_err(bad);
-            assert!(said.contains(says), "{bad}: {said}");
-        }
-        let long = format!("{}.service", "a".repeat(250));
-        assert!(check_replaced_unit(&long)
-            .unwrap_err()
-            .contains("at most 255"));
     }
 }

@@ -428,6 +428,12 @@ impl UnitObject {
 
 #[interface(name = "org.freedesktop.systemd1.Unit")]
 impl UnitObject {
+    /// The stub has unit files for every name and masks none.
+    #[zbus(property)]
+    fn load_state(&self) -> String {
+        "loaded".into()
+    }
+
     #[zbus(property)]
     fn active_state(&self) -> String {
         self.get().active_state

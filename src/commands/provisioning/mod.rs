@@ -10,4 +10,3 @@ pub mod import;
 pub mod register;
 pub mod remove;
 pub mod resize;
-pub mod take_over;

@@ -7,13 +7,13 @@ use std::path::PathBuf;
 use anyhow::{bail, Result};
 use serde::Serialize;
 
-use crate::commands::provisioning::take_over::{
-    live_steps_pending, refuse_unknown_unit, refuse_unless_one_device, refuse_unrelated_unit,
-    take_over_now, unmanaged_note, TakeOverReport,
-};
 use crate::commands::report::{Failure, Outcome, Report};
 use crate::engine::activate::{bring_up_now, systemd_unless_absent};
 use crate::engine::attach::refuse_if_skipped;
+use crate::engine::take_over::{
+    live_steps_pending, refuse_unknown_unit, refuse_unless_one_device, refuse_unrelated_unit,
+    take_over_now, unmanaged_note, TakeOverReport,
+};
 use crate::kernel::block_device::backing_logical_block_size;
 use crate::registry::{check_path, check_size, Registry, Volume};
 use crate::volume::backing_file::open_backing_file;

@@ -7,13 +7,10 @@
 use std::path::Path;
 
 use crate::commands::inspecting::check::Audit;
-use crate::commands::provisioning::take_over::take_over_now;
+use crate::engine::take_over::{take_over_now, MASKED};
 use crate::registry::Volume;
 use crate::systemd::kernel_cmdline::Skip;
 use crate::systemd::Systemd;
-
-/// systemd's load state of a masked unit.
-const MASKED: &str = "masked";
 
 pub(super) fn audit_replaced_unit(audit: &mut Audit, volume: &Volume, path: &Path) {
     let Some(unit) = volume.replaces_unit.as_deref() else {

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 
 use serde::Deserialize;
 
-use crate::systemd::unit::check_replaced_unit;
+use crate::registry::check_replaced_unit;
 use crate::volume::id::VolumeId;
 use crate::volume::reference::{check_name_as_reference, parse_uuid_any_case, VolumeRef};
 use crate::volume::size::parse_size;

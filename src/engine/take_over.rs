@@ -23,7 +23,7 @@ use crate::systemd::{unit_name, Systemd};
 use crate::volume::id::VolumeId;
 
 /// systemd's `LoadState` of a unit whose file is a link to /dev/null.
-const MASKED: &str = "masked";
+pub const MASKED: &str = "masked";
 /// The `LoadState` of a unit whose file systemd read.
 const LOADED: &str = "loaded";
 
