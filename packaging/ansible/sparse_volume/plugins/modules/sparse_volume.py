@@ -142,9 +142,9 @@ options:
   replaces_unit:
     description:
       - Take the volume over from the systemd unit that attached its file so far (a MetalK8s
-        C(metalk8s-sparse-volume@<UUID>.service)), with its consumers mounted: the existing file
-        at O(path) is registered, never made (needs O(uuid) and O(path)); the unit is masked at
-        every boot, disabled and stopped without its C(ExecStop); the loop device it made is
+        C(metalk8s-sparse-volume@<UUID>.service)), with its consumers mounted. The existing file
+        at O(path) is registered, never made (needs O(uuid) and O(path)). The unit is masked at
+        every boot, disabled and stopped without its C(ExecStop), and the loop device it made is
         adopted by the volume's own unit (C(sparse-volume register --replaces-unit)).
     type: str
   delete_data:
