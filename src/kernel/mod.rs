@@ -3,15 +3,16 @@
 //! file shares), reflinks and hole-keeping copies of files, freezing a
 //! file system for a moment with a guardian that thaws it if we die, who
 //! holds a device, udev's links, signals, a private mount namespace, child
-//! processes that die with us, atomic files and locks. The one place where
-//! `unsafe` is allowed; each block says why it is sound. What a volume is,
-//! and what to do with one, lives above.
+//! processes that die with us, atomic files and locks, writes around the
+//! page cache. The one place where `unsafe` is allowed; each block says
+//! why it is sound. What a volume is, and what to do with one, lives above.
 #![allow(unsafe_code)]
 
 pub mod block_device;
 pub mod block_stat;
 pub mod capabilities;
 pub mod child_process;
+pub mod direct_write;
 pub mod extents;
 pub mod file_clone;
 pub mod files;

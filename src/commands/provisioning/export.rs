@@ -43,8 +43,8 @@ pub struct ExportReport {
     pub output: String,
     pub size: u64,
     pub data_bytes: u64,
-    /// SHA-256 over the data map and data, as the stream's last member.
-    pub sha256: String,
+    /// The stream's checksum (BLAKE3), as its last member.
+    pub blake3: String,
     /// `offline`, `frozen` or `crash-consistent` (as for a clone).
     pub consistency: &'static str,
 }
@@ -189,11 +189,11 @@ fn stream(
     let manifest = manifest_of(ranges.iter().map(|(_, length)| length).sum());
     let mut writer = Writer::new(std::io::BufWriter::with_capacity(1 << 20, out));
     writer.manifest(&manifest)?;
-    let sha256 = writer.image(&manifest, &ranges, |offset, buffer| {
+    let blake3 = writer.image(&manifest, &ranges, |offset, buffer| {
         image.read_exact_at(buffer, offset)
     })?;
     writer
-        .finish(&manifest, &sha256)?
+        .finish(&manifest, &blake3)?
         .flush()
         .context("writing the export")?;
     Ok(ExportReport {
@@ -202,7 +202,7 @@ fn stream(
         output,
         size: manifest.size,
         data_bytes: manifest.data_bytes,
-        sha256,
+        blake3,
         consistency,
     })
 }

@@ -19,10 +19,11 @@ use crate::engine::activate::bring_up_now;
 use crate::engine::capacity;
 use crate::engine::identity::{consumer_file_system, renew_identity};
 use crate::hooks::{self, Crash};
+use crate::kernel::direct_write::DirectWriter;
 use crate::kernel::file_clone::data_ranges;
-use crate::kernel::files::{start_write_back, sync_dir};
+use crate::kernel::files::sync_dir;
 use crate::registry::{check_path, Registry, Volume};
-use crate::volume::archive::{data_checksum, ImageSums, Manifest, Reader};
+use crate::volume::archive::{data_checksum, ImageSums, Manifest, Reader, CHUNK as IMAGE_CHUNK};
 use crate::volume::backing_file::open_backing_file;
 use crate::volume::creating_mark::{clear_creating_mark, create_marked, creating_path};
 use crate::volume::id::VolumeId;
@@ -56,7 +57,8 @@ pub struct ImportReport {
     pub path: PathBuf,
     pub size: u64,
     pub data_bytes: u64,
-    pub sha256: String,
+    /// The stream's checksum (BLAKE3), verified.
+    pub blake3: String,
     pub device: Option<PathBuf>,
     pub note: Option<String>,
 }
@@ -163,7 +165,7 @@ fn import_from(
         path: volume.path.clone(),
         size: volume.size,
         data_bytes: manifest.data_bytes,
-        sha256: sums.stream.clone(),
+        blake3: sums.stream.clone(),
         device: None,
         note: None,
     };
@@ -356,14 +358,14 @@ fn write_image(
         "writing {} of data",
         format_size(manifest.data_bytes)
     );
+    // Around the page cache: the fsync before the rename then finds
+    // little left (an import cost the stream plus a whole fsync), and the
+    // cost is the disk's, not the page cache's (see the module).
+    let mut writer = DirectWriter::new(&file, IMAGE_CHUNK);
     let sums = reader.image(manifest, |offset, data| {
-        file.write_all_at(data, offset)
-            .with_context(|| format!("writing {} at byte {offset}", temporary.display()))?;
-        // The disk writes while the stream is still read: the fsync before
-        // the rename then finds little left (an import cost the stream
-        // plus a whole fsync).
-        start_write_back(&file, offset, data.len());
-        Ok(())
+        writer
+            .write_all_at(data, offset)
+            .with_context(|| format!("writing {} at byte {offset}", temporary.display()))
     })?;
     verify_checksum(reader, manifest, &sums.stream)?;
     hooks::crash_at(Crash::ImportAfterData);
@@ -387,7 +389,7 @@ fn verify_checksum(reader: &mut Reader<impl Read>, manifest: &Manifest, sum: &st
     let recorded = reader.checksum(manifest)?;
     ensure!(
         recorded == sum,
-        "the stream's checksum does not match its data (SHA-256 {sum}, recorded {recorded}): it was damaged on the way; nothing was imported"
+        "the stream's checksum does not match its data (BLAKE3 {sum}, recorded {recorded}): it was damaged on the way; nothing was imported"
     );
     Ok(())
 }
