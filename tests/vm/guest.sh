@@ -81,13 +81,20 @@ only_loop_of() {
 file_of() { sed -n 's/^path = "\(.*\)"$/\1/p' "$VOLUMES_D/$1.toml"; }
 
 # Every enabled volume (a variable name of $STATE each; CLONE and
-# IMPORTED from the clone phase on, MK_* from the take-over phase on).
-ENABLED_VOLUMES="EXT4 XFS BLOCK READONLY OTHER E4K X4K B4K CLONE IMPORTED MK_EXT4 MK_XFS MK_BLOCK MK_REPAIRED"
+# IMPORTED from the clone phase on, MK_* from the take-over phase on,
+# which only the full scope runs): enabled_volumes names the ones made.
+ALL_ENABLED_VOLUMES="EXT4 XFS BLOCK READONLY OTHER E4K X4K B4K CLONE IMPORTED MK_EXT4 MK_XFS MK_BLOCK MK_REPAIRED"
+enabled_volumes() {
+    local name
+    for name in $ALL_ENABLED_VOLUMES; do
+        [[ -z ${!name:-} ]] || echo "$name"
+    done
+}
 
 # Every enabled volume but the one named has exactly one loop device.
 others_attached() {
     local except=$1 context=$2 name
-    for name in $ENABLED_VOLUMES; do
+    for name in $(enabled_volumes); do
         [[ -z ${!name:-} || ${!name} == "$except" ]] && continue
         [[ $(losetup --noheadings -j "$(file_of "${!name}")" | grep -c .) -eq 1 ]] ||
             fail "$context: volume $name (${!name}) is no longer attached (expected the other volumes untouched)"
@@ -108,7 +115,7 @@ consumers_active() {
 restore_units() {
     local name
     systemctl reset-failed 'sparse-volume@*' 2>/dev/null || true
-    for name in $ENABLED_VOLUMES; do
+    for name in $(enabled_volumes); do
         grep -q '^enabled = true$' "$VOLUMES_D/${!name}.toml" || $CLI enable "${!name}" >/dev/null || true
         if [[ -z $(losetup --noheadings -j "$(file_of "${!name}")") ]]; then
             systemctl restart "sparse-volume@${!name}.service" || true
@@ -576,7 +583,7 @@ pv_paths_exist() {
     run_rc out err $CLI pv --all
     ((rc == 0)) || fail "after boot $boot: pv --all exited $rc: $err"
     paths=$(grep -o '/dev/disk/by-[a-z]*/[0-9a-f-]*' <<<"$out" | sort)
-    for name in $ENABLED_VOLUMES; do
+    for name in $(enabled_volumes); do
         case $name in
         BLOCK | B4K | MK_BLOCK) want+="/dev/disk/by-partuuid/${!name}"$'\n' ;;
         *) want+="/dev/disk/by-uuid/${!name}"$'\n' ;;
@@ -634,7 +641,7 @@ verify_off() {
     system=$(systemctl is-system-running --wait || true)
     [[ $(systemctl is-active multi-user.target) == active ]] ||
         fail "sparse_volume=off: multi-user.target is $(systemctl is-active multi-user.target) (expected active); system: $system; failed units: $(systemctl --failed --no-legend --plain)"
-    for name in $ENABLED_VOLUMES DISABLED; do
+    for name in $(enabled_volumes) DISABLED; do
         [[ -z $(losetup --noheadings -j "$(file_of "${!name}")") ]] ||
             fail "sparse_volume=off: volume $name (${!name}) is attached"
     done
@@ -667,7 +674,7 @@ verify_loop_ref() {
         return 0
     fi
     skipped=$(switch_skips)
-    for name in $ENABLED_VOLUMES; do
+    for name in $(enabled_volumes); do
         uuid=${!name}
         [[ " $skipped " == *" $uuid "* ]] && continue
         device=$(only_loop_of "$(file_of "$uuid")")

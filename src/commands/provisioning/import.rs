@@ -361,12 +361,12 @@ fn write_image(
     // Around the page cache: the fsync before the rename then finds
     // little left (an import cost the stream plus a whole fsync), and the
     // cost is the disk's, not the page cache's (see the module).
-    let mut writer = DirectWriter::new(&file, IMAGE_CHUNK);
+    let written = || format!("writing {}", temporary.display());
+    let mut writer = DirectWriter::new(&file, IMAGE_CHUNK).with_context(written)?;
     let sums = reader.image(manifest, |offset, data| {
-        writer
-            .write_all_at(data, offset)
-            .with_context(|| format!("writing {} at byte {offset}", temporary.display()))
+        writer.write_all_at(data, offset).with_context(written)
     })?;
+    writer.finish().with_context(written)?;
     verify_checksum(reader, manifest, &sums.stream)?;
     hooks::crash_at(Crash::ImportAfterData);
     let content = probe(&file)?;
