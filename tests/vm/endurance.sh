@@ -6,7 +6,7 @@
 #
 #   tests/vm/endurance.sh           (root; builds the packages if missing)
 #
-# 1. Power cuts: SV_VM_POWER_CUTS times (5 by default; `tests/run --soak`
+# 1. Power cuts: SV_VM_POWER_CUTS times (10 by default; `tests/run --soak`
 #    asks for 100), a churn of create, resize, remove, enable, disable,
 #    apply, start and stop runs beside three consumers writing fsynced
 #    records (an ext4 and an xfs volume, a block volume's partition), and
@@ -59,7 +59,7 @@ on_exit() {
 }
 trap on_exit EXIT
 
-cuts=${SV_VM_POWER_CUTS:-5}
+cuts=${SV_VM_POWER_CUTS:-10}
 scale=${SV_VM_SCALE_VOLUMES:-200}
 deb=${SV_VM_PACKAGE:-$(vm_package_under_test "$target")}
 
