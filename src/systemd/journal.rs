@@ -10,6 +10,8 @@ use std::time::{Duration, Instant};
 
 /// A failure message should not wait long for its explanation.
 const JOURNAL_TIMEOUT: Duration = Duration::from_secs(3);
+/// How long a failed run's own error line is waited for in the journal.
+const RUN_ERROR_WAIT: Duration = Duration::from_secs(3);
 
 /// Up to `count` recent lines `journalctl` shows for `unit`, when the
 /// user asked for detail (`-v`, or `SPARSE_VOLUME_LOG` at `info` or
@@ -35,8 +37,10 @@ pub fn last_error_of_run(invocation_id: &str) -> Option<String> {
     let filter = format!("_SYSTEMD_INVOCATION_ID={invocation_id}");
     // journald takes a service's output from a stream and may not have
     // stored its last line yet when the job's end reaches us: asked again
-    // for up to a second in all (a failed start should not wait longer).
-    let deadline = Instant::now() + Duration::from_secs(1);
+    // for up to RUN_ERROR_WAIT in all. One second was too short for a
+    // busy guest under emulation (CI: the reason missing from a failed
+    // start's line); a failure message may wait that long, not longer.
+    let deadline = Instant::now() + RUN_ERROR_WAIT;
     loop {
         let found = journalctl(&[
             "--boot",
