@@ -109,7 +109,7 @@ check_deb_control() {
         field_is Version "$(dpkg-deb -f "$deb" Version)" "$version-1" &&
         field_is Architecture "$(dpkg-deb -f "$deb" Architecture)" "$(dpkg --print-architecture)" &&
         contains_all "$(dpkg-deb -f "$deb" Depends)" libc6 util-linux e2fsprogs systemd &&
-        field_is Recommends "$(dpkg-deb -f "$deb" Recommends)" xfsprogs &&
+        field_is Recommends "$(dpkg-deb -f "$deb" Recommends)" "xfsprogs, cryptsetup-bin (>= 2:2.4)" &&
         field_is Suggests "$(dpkg-deb -f "$deb" Suggests)" gdisk &&
         field_is "control members" "$(dpkg-deb --ctrl-tarfile "$deb" | tar -t | grep -c conffiles)" 0 &&
         check_deb_project_fields "$deb"
@@ -136,7 +136,7 @@ check_rpm_metadata() {
     field_is "name version release arch" "$info" \
         "sparse-volume $version 1 $(rpm --eval '%{_arch}')" &&
         contains_all "$(rpm -qp --requires "$rpm")" util-linux e2fsprogs systemd 'libc.so.6()(64bit)' &&
-        field_is Recommends "$(rpm -qp --recommends "$rpm")" xfsprogs &&
+        contains_all "$(rpm -qp --recommends "$rpm")" xfsprogs cryptsetup &&
         field_is Suggests "$(rpm -qp --suggests "$rpm")" gdisk &&
         field_is "config files" "$(rpm -qcp "$rpm")" /etc/sparse-volume/config.toml &&
         field_is "URL BugURL" "$(rpm -qp --qf '%{URL} %{BUGURL}' "$rpm")" \

@@ -350,6 +350,8 @@ fn json_keys_are_kept() {
         // Issue 26: the unit a volume was taken over from.
         "replaces_unit",
         "mode",
+        // Issue 28: an encrypted volume's header, unlock and mapping.
+        "encryption",
         "fs_type",
         "size",
         "allocated",

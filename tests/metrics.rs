@@ -201,6 +201,7 @@ fn every_number_matches_stat_and_statvfs_after_writes_and_fstrim() {
     assert_eq!(must(&samples, "sparse_volume_enabled", db_label), 1);
     assert_eq!(must(&samples, "sparse_volume_enabled", spare_label), 0);
     assert_eq!(must(&samples, "sparse_volume_read_only", db_label), 0);
+    assert_eq!(must(&samples, "sparse_volume_encrypted", db_label), 0);
     // Without systemd the unit state is unknown: no sample, not a false 0.
     assert_eq!(value(&samples, "sparse_volume_unit_active", db_label), None);
     assert_eq!(must(&samples, "sparse_volume_systemd_up", None), 0);

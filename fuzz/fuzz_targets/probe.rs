@@ -18,7 +18,7 @@ use std::os::unix::fs::FileExt;
 use std::sync::OnceLock;
 
 use libfuzzer_sys::fuzz_target;
-use sparse_volume::volume::probe::{identifies, probe, probe_image, Content};
+use sparse_volume::volume::probe::{probe, probe_image, Content, Identity};
 use sparse_volume::volume::spec::{FsType, Mode, SECTOR_SIZES};
 
 const CRC: crc::Crc<u32> = crc::Crc::<u32>::new(&crc::CRC_32_ISO_HDLC);
@@ -100,8 +100,8 @@ fn check(image: &[u8]) {
                 fs_type: *fs_type,
                 mkfs_options: Vec::new(),
             };
-            assert!(identifies(&content, &mode, *uuid));
-            assert!(!identifies(&content, &Mode::Block, *uuid));
+            assert!(Identity::plain(&mode, *uuid).is_held_by(&content));
+            assert!(!Identity::plain(&Mode::Block, *uuid).is_held_by(&content));
         }
         Content::PartitionTable {
             partitions,
@@ -113,8 +113,18 @@ fn check(image: &[u8]) {
             assert!(partitions.windows(2).all(|w| w[0].0 < w[1].0));
             assert!(partitions.iter().all(|(number, _)| *number >= 1));
             if let Some((1, guid)) = partitions.first() {
-                assert!(identifies(&content, &Mode::Block, *guid));
+                assert!(Identity::plain(&Mode::Block, *guid).is_held_by(&content));
             }
+        }
+        Content::Luks2 { uuid } => {
+            let mode = Mode::Block;
+            let encrypted = Identity {
+                mode: &mode,
+                uuid: *uuid,
+                luks_uuid: Some(*uuid),
+            };
+            assert!(encrypted.is_held_by(&content));
+            assert!(!encrypted.inside().is_held_by(&content));
         }
         Content::Unrecognised => {
             assert!(SECTOR_SIZES

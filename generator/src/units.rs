@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use sparse_volume::registry::paths::DEFAULT_STORAGE_ROOT;
+use sparse_volume::registry::paths::{DEFAULT_STORAGE_ROOT, KEYS_DIR};
 use sparse_volume::registry::{Config, Volume};
 use sparse_volume::systemd::unit::{UNIT_TEMPLATE, VOLUMES_TARGET};
 use sparse_volume::systemd::unit_name;
@@ -151,7 +151,15 @@ fn volume_dropin(volume: &Volume) -> Result<String, String> {
         text.push_str(&blockdev);
         text.push('\n');
     }
-    if let Some(dir) = mount_dependency(&volume.path) {
+    let key_file_dir = volume
+        .encryption
+        .as_ref()
+        .and_then(|e| e.key_file.parent())
+        .filter(|dir| *dir != Path::new(KEYS_DIR));
+    for dir in mount_dependency(&volume.path)
+        .into_iter()
+        .chain(key_file_dir)
+    {
         let dir = dir
             .to_str()
             .ok_or_else(|| format!("path {} is not valid UTF-8", dir.display()))?;
@@ -240,6 +248,24 @@ mod tests {
                 "{text}"
             );
         }
+    }
+
+    #[test]
+    fn a_key_file_outside_the_keys_directory_needs_its_mount() {
+        let encrypted = |key_file: &str| {
+            let config = Config::parse(Path::new("config.toml"), "").unwrap();
+            let text = format!(
+                "uuid = \"{ID}\"\npath = \"/var/lib/sparse-volume/x\"\nsize = 1048576\n\
+                 mode = \"filesystem\"\nluks_uuid = \"00000000-0000-4000-8000-000000000007\"\n\
+                 key_file = {key_file:?}\n"
+            );
+            let parsed = Volume::parse(Path::new(&format!("{ID}.toml")), &text, &config).unwrap();
+            volume_dropin(&parsed.volume).unwrap()
+        };
+        let text = encrypted("/etc/sparse-volume/keys/x.key");
+        assert!(!text.contains("RequiresMountsFor"), "{text}");
+        let text = encrypted("/srv/keys/x.key");
+        assert!(text.ends_with("RequiresMountsFor=/srv/keys\n"), "{text}");
     }
 
     #[test]

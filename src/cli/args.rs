@@ -9,7 +9,7 @@ use clap::{Args, Parser, Subcommand, ValueEnum, ValueHint};
 use crate::commands::inspecting::pv::{ManifestFormat, PvRequest, Reclaim};
 use crate::commands::provisioning::apply::desired::{Desired, State};
 use crate::commands::provisioning::clone::CloneRequest;
-use crate::commands::provisioning::create::CreateRequest;
+use crate::commands::provisioning::create::{CreateRequest, EncryptRequest};
 use crate::commands::provisioning::import::ImportRequest;
 use crate::commands::provisioning::register::{RegisterMode, RegisterRequest};
 use crate::volume::id::VolumeId;
@@ -454,6 +454,14 @@ pub struct CreateArgs {
     /// Extra option passed to mkfs (repeatable).
     #[arg(long = "mkfs-option", allow_hyphen_values = true, value_hint = ValueHint::Other)]
     pub mkfs_options: Vec<String>,
+    /// Encrypt it: LUKS2 inside the backing file, unlocked at boot by a key
+    /// file (filesystem mode). Prints a recovery key, once.
+    #[arg(long)]
+    pub encrypt: bool,
+    /// With --encrypt: the key file that unlocks it, root's alone (default:
+    /// a new one in /etc/sparse-volume/keys).
+    #[arg(long, requires = "encrypt", value_name = "PATH")]
+    pub key_file: Option<PathBuf>,
     /// Also attach the volume now.
     #[arg(long)]
     pub now: bool,
@@ -556,6 +564,9 @@ impl CreateArgs {
             sector_size: self.sector_size,
             now: self.now,
             dry_run,
+            encryption: self.encrypt.then(|| EncryptRequest {
+                key_file: self.key_file.clone(),
+            }),
         })
     }
 }

@@ -11,6 +11,7 @@ use anyhow::{anyhow, bail, Context, Result};
 use serde::Serialize;
 
 use crate::engine::detach::detach_device;
+use crate::engine::encryption;
 use crate::kernel::block_device::logical_block_size_of_device;
 use crate::kernel::loop_device::ioctl::{
     LO_FLAGS_AUTOCLEAR, LO_FLAGS_PARTSCAN, LO_FLAGS_READ_ONLY,
@@ -25,7 +26,7 @@ use crate::registry::{Registry, Volume};
 use crate::systemd::kernel_cmdline;
 use crate::volume::backing_file::open_backing_file;
 use crate::volume::id::VolumeId;
-use crate::volume::probe::{probe, require_identity};
+use crate::volume::probe::probe;
 use crate::volume::spec::Mode;
 
 #[derive(Debug, Serialize)]
@@ -37,6 +38,9 @@ pub struct AttachReport {
     /// made one (sysfs shows it); `None` otherwise.
     pub partition: Option<PathBuf>,
     pub link: PathBuf,
+    /// An encrypted volume: its opened device (`/dev/mapper/...`), which
+    /// the link points at.
+    pub opened: Option<PathBuf>,
     /// `linked`, or `no-udev` when no udev runs to make the link.
     pub link_state: &'static str,
     pub direct_io: bool,
@@ -278,7 +282,29 @@ pub fn attach(registry: &Registry, id: &VolumeId) -> Result<AttachReport> {
         Mode::Filesystem { .. } => None,
     };
     let link = volume.mode.udev_link(id);
-    let waited = await_link(registry, &volume, &device, partition.is_some(), &link);
+    // An encrypted volume's link points at its opened device, not at the
+    // loop device (whose own by-uuid link names the LUKS2 header).
+    let (opened, waited) = match &volume.encryption {
+        Some(encryption) => match encryption::open_on(registry, &volume, encryption, number) {
+            Ok(opened) => (Some(opened), Ok(())),
+            Err(failure) => (None, Err(failure)),
+        },
+        None => (None, Ok(())),
+    };
+    let waited = waited.and_then(|()| {
+        let target = match &opened {
+            Some(opened) => opened.node.clone(),
+            None => link_target(&volume, &device),
+        };
+        await_link(
+            registry,
+            &volume,
+            &device,
+            partition.is_some(),
+            &link,
+            &target,
+        )
+    });
     // A stop that came after the wait ended is a failure too.
     let waited = waited.and_then(|state| {
         if signals::requested() {
@@ -290,6 +316,14 @@ pub fn attach(registry: &Registry, id: &VolumeId) -> Result<AttachReport> {
         // The failure below is the answer to the stop request.
         stop_requests.acknowledge();
     }
+    let waited = waited.map_err(|failure| match &opened {
+        Some(opened) => encryption::close_after_failure(
+            &encryption::mapping_name(id),
+            opened.opened_here,
+            failure,
+        ),
+        None => failure,
+    });
     let link_state = match waited {
         Ok(state) => state,
         Err(failure) if bound_here => {
@@ -326,6 +360,7 @@ pub fn attach(registry: &Registry, id: &VolumeId) -> Result<AttachReport> {
         device,
         partition,
         link,
+        opened: opened.map(|o| o.path),
         link_state,
         direct_io: loop_device::uses_direct_io(&status),
         read_only: status.has(LO_FLAGS_READ_ONLY),
@@ -334,20 +369,16 @@ pub fn attach(registry: &Registry, id: &VolumeId) -> Result<AttachReport> {
     })
 }
 
-/// Waits for udev's link to the device consumers use: the partition in
-/// block mode (named even before the kernel shows it, as it may still
-/// come), the whole device otherwise.
+/// Waits for udev's link to the device consumers use to point at
+/// `target`.
 fn await_link(
     registry: &Registry,
     volume: &Volume,
     device: &Path,
     has_partition: bool,
     link: &Path,
+    target: &Path,
 ) -> Result<&'static str> {
-    let target = match volume.mode {
-        Mode::Block => PathBuf::from(format!("{}p1", device.display())),
-        Mode::Filesystem { .. } => device.to_path_buf(),
-    };
     let timeout = registry.config().udev_timeout;
     let control_socket = registry.root().host_path(CONTROL_SOCKET);
     let slots = registry.root().run_dir();
@@ -356,7 +387,7 @@ fn await_link(
         "waiting for udev's link {}",
         link.display()
     );
-    match wait_for_link(&control_socket, &slots, link, &target, timeout) {
+    match wait_for_link(&control_socket, &slots, link, target, timeout) {
         LinkOutcome::Linked => Ok("linked"),
         LinkOutcome::NoUdev => Ok("no-udev"),
         LinkOutcome::Stopped => bail!(
@@ -385,6 +416,16 @@ fn await_link(
                 timeout.as_secs(),
             )
         }
+    }
+}
+
+/// The node udev's link to a plain volume points at: the partition in
+/// block mode (named even before the kernel shows it, as it may still
+/// come), the whole device otherwise.
+fn link_target(volume: &Volume, device: &Path) -> PathBuf {
+    match volume.mode {
+        Mode::Block => PathBuf::from(format!("{}p1", device.display())),
+        Mode::Filesystem { .. } => device.to_path_buf(),
     }
 }
 
@@ -422,7 +463,7 @@ fn partition_of(sys_block: &Path, number: u32) -> Option<PathBuf> {
 /// partition or mount that never comes.
 fn verify_content(backing: &File, volume: &Volume, path: &std::path::Path) -> Result<()> {
     let content = probe(backing).with_context(|| format!("reading {}", path.display()))?;
-    require_identity(&content, &volume.mode, volume.id.uuid(), path)?;
+    volume.identity().require_in(&content, path)?;
     if !content.works_with_sector_size(volume.sector_size) {
         bail!(
             "backing file {} holds {}, which does not read with the {}-byte sectors the registry records (sector_size)",

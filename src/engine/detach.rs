@@ -13,6 +13,8 @@ use anyhow::{anyhow, bail, Result};
 use nix::errno::Errno;
 use serde::Serialize;
 
+use crate::engine::encryption::{close_on, mapping_name};
+use crate::kernel::dm_crypt::mapper_path;
 use crate::kernel::files::ExclusiveLock;
 use crate::kernel::holders::{in_use, users_of_loop};
 use crate::kernel::loop_device::{
@@ -32,6 +34,9 @@ pub struct DetachReport {
     /// How the devices were found: `backing-file`, `reference`,
     /// `udev-link`, or null when nothing was attached.
     pub found_by: Option<&'static str>,
+    /// An encrypted volume's opened device, closed before its loop device
+    /// was released (`/dev/mapper/sparse-volume-<UUID>`); null otherwise.
+    pub closed: Option<PathBuf>,
 }
 
 pub fn detach(registry: &Registry, id: &VolumeId) -> Result<DetachReport> {
@@ -66,6 +71,7 @@ fn release(
 ) -> Result<DetachReport> {
     let mut numbers = Vec::new();
     let mut found_by = None;
+    let mut closed = false;
     // The noted device's file, kept open until the end: looked for below
     // by (device, inode), where a rename meanwhile would hide it from a
     // lookup by path, and an inode number freed by our close could name
@@ -76,13 +82,14 @@ fn release(
     let candidates = candidate_backing_files(registry, id);
     if really {
         if let Some(device) = noted_device(lock, id, &candidates) {
+            closed |= close_on(id, device.number, true)?;
             detach_device(device.number, device.status.backing())?;
             crate::hooks::stop_at(crate::hooks::Stop::DetachAfterNotedRelease);
             numbers.push(device.number);
             found_by = Some("backing-file");
             // The usual case ends here: no other device holds the file.
             if device.file_held_by_nothing() {
-                return Ok(report(id, numbers, found_by));
+                return Ok(report(id, numbers, found_by, closed));
             }
             noted = Some(device);
         }
@@ -95,9 +102,12 @@ fn release(
         devices.clear();
     }
     for (number, status) in &devices {
+        // An encrypted volume's mapping goes first: it holds the device.
+        let had_mapping = close_on(id, *number, really)?;
+        closed |= had_mapping;
         if really {
             detach_device(*number, status.backing())?;
-        } else {
+        } else if !had_mapping {
             // The refusal a real detach would meet; closed again at once.
             open_to_detach(*number)?;
         }
@@ -108,15 +118,21 @@ fn release(
     if !devices.is_empty() {
         found_by = found_by.or(Some(by));
     }
-    Ok(report(id, numbers, found_by))
+    Ok(report(id, numbers, found_by, closed))
 }
 
-fn report(id: &VolumeId, numbers: Vec<u32>, found_by: Option<&'static str>) -> DetachReport {
+fn report(
+    id: &VolumeId,
+    numbers: Vec<u32>,
+    found_by: Option<&'static str>,
+    closed: bool,
+) -> DetachReport {
     DetachReport {
         changed: !numbers.is_empty(),
         uuid: id.to_string(),
         devices: numbers.iter().map(|&n| LoopDevice::path_of(n)).collect(),
         found_by,
+        closed: closed.then(|| mapper_path(&mapping_name(id))),
     }
 }
 

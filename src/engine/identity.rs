@@ -12,7 +12,7 @@ use uuid::Uuid;
 use crate::registry::Volume;
 use crate::volume::filesystem::renew_uuid;
 use crate::volume::gpt_layout;
-use crate::volume::probe::{expected_content, filesystem_at, identifies, probe, Content};
+use crate::volume::probe::{filesystem_at, probe, Content};
 use crate::volume::spec::{FsType, Mode};
 
 /// An ext4 its consumer made in a block volume's partition: its UUID,
@@ -68,11 +68,11 @@ pub fn renew_identity(
         }
     }
     let content = probe(file)?;
-    if !identifies(&content, &clone.mode, clone.id.uuid()) {
+    if !clone.identity().is_held_by(&content) {
         bail!(
             "the copy holds {} after its identity was changed, not {}",
             content.describe(),
-            expected_content(&clone.mode, clone.id.uuid())
+            clone.identity().describe()
         );
     }
     let Some(ConsumerFs { uuid: old, start }) = consumer_fs else {

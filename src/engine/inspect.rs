@@ -7,7 +7,7 @@
 use std::collections::BTreeMap;
 use std::fs;
 use std::os::unix::fs::MetadataExt;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use anyhow::Result;
@@ -15,7 +15,9 @@ use serde::Serialize;
 
 use crate::engine::boot_verdict::{not_attached, ThisBoot, UnitSaid};
 use crate::engine::capacity::BackingFs;
+use crate::engine::encryption::mapping_name;
 use crate::kernel::block_stat::IoCounters;
+use crate::kernel::dm_crypt;
 use crate::kernel::fs_health::{FsHealth, MountTable};
 use crate::kernel::loop_device::{BoundLoops, LoopDevice};
 use crate::registry::io_base;
@@ -23,6 +25,19 @@ use crate::registry::paths::SystemRoot;
 use crate::registry::Volume;
 use crate::systemd::{unit_name, Systemd, UnitActivity};
 use crate::volume::size::format_size;
+
+/// What `list`/`status --json` say of an encrypted volume.
+#[derive(Debug, Clone, Serialize)]
+pub struct EncryptionInfo {
+    /// The LUKS2 header's UUID (the file system inside carries the
+    /// volume's).
+    pub luks_uuid: String,
+    /// How it is opened unattended: `key-file`.
+    pub unlock: &'static str,
+    pub key_file: PathBuf,
+    /// `/dev/mapper/sparse-volume-<UUID>` while it is open, else null.
+    pub opened: Option<PathBuf>,
+}
 
 /// Shown for unit states when systemd cannot be asked.
 pub const UNKNOWN: &str = "unknown";
@@ -41,6 +56,9 @@ pub struct VolumeInfo {
     pub replaces_unit: Option<String>,
     /// `filesystem` or `block`.
     pub mode: &'static str,
+    /// An encrypted volume's header, how it unlocks and its opened
+    /// device; null for a volume that is not encrypted.
+    pub encryption: Option<EncryptionInfo>,
     /// `ext4`/`xfs` in filesystem mode, null in block mode.
     pub fs_type: Option<String>,
     /// Registered size in bytes.
@@ -228,12 +246,21 @@ pub fn inspect(
     let io = devices
         .first()
         .and_then(|n| io_base::since_attach(root, &volume.id, *n));
+    // An encrypted volume's consumers use its mapping over the device.
+    let mapping = volume.encryption.as_ref().and_then(|_| {
+        devices
+            .iter()
+            .find_map(|n| dm_crypt::mapping_on_loop(*n, &mapping_name(&volume.id)))
+    });
     // A block volume's file system, if any, is its consumer's business.
     // Any device holding the file may be the mounted one.
-    let fs_health = devices
-        .iter()
-        .filter(|_| !volume.mode.is_block())
-        .find_map(|n| FsHealth::of_mounted(&format!("loop{n}"), &kernel.mounts));
+    let fs_health = match &mapping {
+        Some(kernel_name) => FsHealth::of_mounted(kernel_name, &kernel.mounts),
+        None => devices
+            .iter()
+            .filter(|_| !volume.mode.is_block())
+            .find_map(|n| FsHealth::of_mounted(&format!("loop{n}"), &kernel.mounts)),
+    };
     let partition = device
         .as_ref()
         .filter(|_| volume.mode.is_block())
@@ -242,7 +269,11 @@ pub fn inspect(
 
     let link = volume.mode.udev_link(&volume.id);
     let link_target = fs::canonicalize(&link).ok();
-    let expected = partition.as_ref().or(device.as_ref());
+    let opened_node = mapping.as_ref().map(|name| Path::new("/dev").join(name));
+    let expected = opened_node
+        .as_ref()
+        .or(partition.as_ref())
+        .or(device.as_ref());
     let link_state = match (&link_target, expected) {
         (None, _) => "missing",
         (Some(target), Some(expected)) if target == expected => "linked",
@@ -280,6 +311,14 @@ pub fn inspect(
         origin: volume.origin.map(|o| o.to_string()),
         replaces_unit: volume.replaces_unit.clone(),
         mode: volume.mode.name(),
+        encryption: volume.encryption.as_ref().map(|e| EncryptionInfo {
+            luks_uuid: e.luks_uuid.to_string(),
+            unlock: "key-file",
+            key_file: e.key_file.clone(),
+            opened: mapping
+                .as_ref()
+                .map(|_| dm_crypt::mapper_path(&mapping_name(&volume.id))),
+        }),
         fs_type,
         size: volume.size,
         allocated,
@@ -358,6 +397,20 @@ impl VolumeInfo {
         }
         if let Some(unit) = &self.replaces_unit {
             row("replaces:", format!("{unit} (masked at every boot)"));
+        }
+        if let Some(encryption) = &self.encryption {
+            row(
+                "luks2:",
+                format!(
+                    "encrypted; header {}, unlocked by key file {}{}",
+                    encryption.luks_uuid,
+                    encryption.key_file.display(),
+                    encryption
+                        .opened
+                        .as_ref()
+                        .map_or(String::new(), |o| format!("; open as {}", o.display()))
+                ),
+            );
         }
         if let Some(fs) = &self.backing_fs {
             row(

@@ -19,6 +19,48 @@ where
     run_command(program, command, &[0])
 }
 
+/// Runs a tool that reads a secret on its standard input (never on its
+/// command line, which every user of the machine can read in `/proc`).
+pub fn run_with_input<I, S>(program: &str, args: I, input: &[u8]) -> Result<()>
+where
+    I: IntoIterator<Item = S>,
+    S: Into<OsString>,
+{
+    use std::io::Write;
+    use std::process::Stdio;
+
+    let mut command = tool_command(program);
+    command
+        .args(args.into_iter().map(Into::into))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut child = command
+        .spawn()
+        .map_err(|error| anyhow::Error::new(error).context(format!("running {program}")))?;
+    // A tool that exits before reading all of it closes the pipe: its
+    // exit status then says why, so the write's own error is not the news.
+    if let Some(mut stdin) = child.stdin.take() {
+        let _ = stdin.write_all(input);
+    }
+    let output = child
+        .wait_with_output()
+        .map_err(|error| anyhow::Error::new(error).context(format!("waiting for {program}")))?;
+    if output.status.success() {
+        return Ok(());
+    }
+    let finished = Finished {
+        program: program.to_string(),
+        status: output.status,
+        reason: failure_reason(
+            program,
+            &String::from_utf8_lossy(&output.stderr),
+            &String::from_utf8_lossy(&output.stdout),
+        ),
+    };
+    Err(finished.failure())
+}
+
 /// A command for `program` that dies with its caller.
 pub fn tool_command(program: &str) -> Command {
     let mut command = Command::new(program);

@@ -36,6 +36,18 @@ pub fn mounts_of_loop(number: u32) -> Vec<(String, PathBuf)> {
         .collect()
 }
 
+/// Where a device without partitions (a dm-crypt mapping's `dm-3`) is
+/// mounted, as this process's mount namespace sees it.
+pub fn mounts_of_device(name: &str) -> Vec<PathBuf> {
+    let Ok(dev) = fs::read_to_string(Path::new("/sys/class/block").join(name).join("dev")) else {
+        return Vec::new();
+    };
+    mounts_of(&[(name.to_string(), dev.trim().to_string())])
+        .into_iter()
+        .map(|(_, _, point)| point)
+        .collect()
+}
+
 /// [`mounts_of_loop`] with each mounted device's number (`st_rdev`, as
 /// `stat` of a file on it reports `st_dev`) instead of its name.
 pub fn mounted_device_numbers_of_loop(number: u32) -> Vec<(u64, PathBuf)> {
@@ -73,8 +85,21 @@ fn mounts_of(devices: &[(String, String)]) -> Vec<(String, String, PathBuf)> {
 
 /// One sentence per use, e.g. `/dev/loop3p1 is mounted on /srv/data`.
 pub fn users_of_loop(number: u32) -> Vec<String> {
-    let devices = device_numbers(number);
-    let mut users: Vec<String> = mounts_of(&devices)
+    users_of(&device_numbers(number))
+}
+
+/// [`users_of_loop`] for a device without partitions, by its kernel name
+/// (a dm-crypt mapping's `dm-3`).
+pub fn users_of_device(name: &str) -> Vec<String> {
+    let dev = fs::read_to_string(Path::new("/sys/class/block").join(name).join("dev"));
+    match dev {
+        Ok(dev) => users_of(&[(name.to_string(), dev.trim().to_string())]),
+        Err(_) => Vec::new(),
+    }
+}
+
+fn users_of(devices: &[(String, String)]) -> Vec<String> {
+    let mut users: Vec<String> = mounts_of(devices)
         .into_iter()
         .map(|(name, _, point)| format!("/dev/{name} is mounted on {}", point.display()))
         .collect();
@@ -89,7 +114,7 @@ pub fn users_of_loop(number: u32) -> Vec<String> {
             }
         }
     }
-    for (name, _) in &devices {
+    for (name, _) in devices {
         let holders = Path::new("/sys/class/block").join(name).join("holders");
         for holder in fs::read_dir(holders).into_iter().flatten().flatten() {
             users.push(format!(

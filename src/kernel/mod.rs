@@ -13,6 +13,7 @@ pub mod block_stat;
 pub mod capabilities;
 pub mod child_process;
 pub mod direct_write;
+pub mod dm_crypt;
 pub mod extents;
 pub mod file_clone;
 pub mod files;

@@ -14,6 +14,8 @@ pub const CONFIG_DIR: &str = "/etc/sparse-volume";
 pub const CONFIG_FILE: &str = "/etc/sparse-volume/config.toml";
 pub const VOLUMES_DIR: &str = "/etc/sparse-volume/volumes.d";
 pub const DEFAULT_STORAGE_ROOT: &str = "/var/lib/sparse-volume";
+/// Where `create --encrypt` puts the key files it makes (root only).
+pub const KEYS_DIR: &str = "/etc/sparse-volume/keys";
 /// Locks live on tmpfs: they mean nothing across a reboot.
 pub const RUN_DIR: &str = "/run/sparse-volume";
 

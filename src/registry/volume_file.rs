@@ -12,7 +12,8 @@ use super::lenient::{from_toml, RegistryWarning};
 use crate::registry::paths::is_normal_absolute;
 use crate::volume::creating_mark::CREATING_SUFFIX;
 use crate::volume::id::VolumeId;
-use crate::volume::spec::{FsType, Mode, ModeKind, DEFAULT_SECTOR_SIZE, SECTOR_SIZES};
+use crate::volume::probe::Identity;
+use crate::volume::spec::{Encryption, FsType, Mode, ModeKind, DEFAULT_SECTOR_SIZE, SECTOR_SIZES};
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Volume {
@@ -39,6 +40,9 @@ pub struct Volume {
     /// every boot, so it never binds a second loop device for the file nor
     /// detaches ours under its consumers.
     pub replaces_unit: Option<String>,
+    /// LUKS2 inside the backing file, and how it unlocks; None for a
+    /// volume whose backing file holds its content in the clear.
+    pub encryption: Option<Encryption>,
 }
 
 /// `mode` and `fs_type` are read as strings and matched by the spec's
@@ -70,6 +74,8 @@ struct VolumeFile {
     sector_size: Option<Spanned<i64>>,
     origin: Option<Spanned<String>>,
     replaces_unit: Option<Spanned<String>>,
+    luks_uuid: Option<Spanned<String>>,
+    key_file: Option<Spanned<String>>,
 }
 
 pub const KNOWN_KEYS: &[&str] = &[
@@ -87,6 +93,8 @@ pub const KNOWN_KEYS: &[&str] = &[
     "sector_size",
     "origin",
     "replaces_unit",
+    "luks_uuid",
+    "key_file",
 ];
 
 /// What we write: every field explicit, so the file reads as the truth.
@@ -114,6 +122,10 @@ struct VolumeFileOut<'a> {
     origin: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     replaces_unit: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    luks_uuid: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    key_file: Option<&'a str>,
 }
 
 fn is_default_sector_size(size: &u32) -> bool {
@@ -231,6 +243,29 @@ impl Volume {
             }
         };
 
+        let encryption = match (&raw.luks_uuid, &raw.key_file) {
+            (None, None) => None,
+            (Some(luks_uuid), Some(key_file)) => Some(Encryption {
+                luks_uuid: luks_uuid
+                    .get_ref()
+                    .parse()
+                    .map_err(|e| fail(luks_uuid.span(), format!("luks_uuid: {e}")))?,
+                key_file: PathBuf::from(key_file.get_ref()),
+            }),
+            (Some(luks_uuid), None) => {
+                return Err(fail(
+                    luks_uuid.span(),
+                    "luks_uuid needs key_file (the key that unlocks the volume at boot)".into(),
+                ))
+            }
+            (None, Some(key_file)) => {
+                return Err(fail(
+                    key_file.span(),
+                    "key_file needs luks_uuid (the UUID of the volume's LUKS2 header)".into(),
+                ))
+            }
+        };
+
         let volume = Volume {
             id,
             path: PathBuf::from(raw.path.get_ref()),
@@ -244,6 +279,7 @@ impl Volume {
             sector_size,
             origin,
             replaces_unit: raw.replaces_unit.as_ref().map(|u| u.get_ref().clone()),
+            encryption,
         };
         volume.validate().map_err(|Invalid { key, reason }| {
             let span = match key {
@@ -254,6 +290,8 @@ impl Volume {
                 "sector_size" => raw.sector_size.as_ref().map(Spanned::span),
                 "origin" => raw.origin.as_ref().map(Spanned::span),
                 "replaces_unit" => raw.replaces_unit.as_ref().map(Spanned::span),
+                "luks_uuid" => raw.luks_uuid.as_ref().map(Spanned::span),
+                "key_file" => raw.key_file.as_ref().map(Spanned::span),
                 _ => Some(raw.uuid.span()),
             };
             RegistryError::at(file, text, span, reason)
@@ -300,7 +338,40 @@ impl Volume {
                 Self::check_mkfs_option(option).map_err(|r| invalid("mkfs_options", r))?;
             }
         }
+        if let Some(encryption) = &self.encryption {
+            self.check_encryption(encryption)?;
+        }
         Ok(())
+    }
+
+    /// What the volume's backing file holds when it is this volume.
+    pub fn identity(&self) -> Identity<'_> {
+        Identity {
+            mode: &self.mode,
+            uuid: self.id.uuid(),
+            luks_uuid: self.encryption.as_ref().map(|e| e.luks_uuid),
+        }
+    }
+
+    fn check_encryption(&self, encryption: &Encryption) -> Result<(), Invalid> {
+        if encryption.luks_uuid == self.id.uuid() {
+            // Two by-uuid links of one name would fight over which device
+            // consumers get.
+            return Err(invalid(
+                "luks_uuid",
+                "luks_uuid must differ from the volume's uuid (the file system inside carries that)"
+                    .into(),
+            ));
+        }
+        if self.mode.is_block() {
+            return Err(invalid(
+                "luks_uuid",
+                "encrypted volumes are filesystem-mode volumes (block mode is not supported yet)"
+                    .into(),
+            ));
+        }
+        check_volume_path(&encryption.key_file)
+            .map_err(|r| invalid("key_file", r.replacen("path", "key_file", 1)))
     }
 
     /// The rules for a volume's free-text label.
@@ -359,6 +430,8 @@ impl Volume {
             preallocated: self.preallocated,
             origin: self.origin.map(|o| o.to_string()),
             replaces_unit: self.replaces_unit.as_deref(),
+            luks_uuid: self.encryption.as_ref().map(|e| e.luks_uuid.to_string()),
+            key_file: self.encryption.as_ref().and_then(|e| e.key_file.to_str()),
         };
         toml::to_string(&out).map_err(|e| invalid("uuid", format!("cannot be written: {e}")))
     }

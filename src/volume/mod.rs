@@ -11,6 +11,7 @@ pub mod gpt_layout;
 pub mod growing_mark;
 pub mod id;
 pub mod kept_mark;
+pub mod luks;
 pub mod probe;
 pub mod reference;
 pub mod size;

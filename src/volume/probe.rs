@@ -1,6 +1,6 @@
 //! What a backing file or device holds, read from its first blocks:
 //! the identities sparse-volume relies on (ext4/xfs UUID, GPT partition
-//! GUIDs), never more.
+//! GUIDs, a LUKS2 header's UUID), never more.
 
 use std::fs::File;
 use std::os::unix::fs::FileExt;
@@ -28,6 +28,9 @@ pub enum Content {
         /// with exactly these sectors.
         sector_size: u32,
     },
+    /// A LUKS2 header (an encrypted volume's backing file); what it
+    /// holds is only seen once opened.
+    Luks2 { uuid: Uuid },
     /// No signature we know (which is not proof of emptiness).
     Unrecognised,
 }
@@ -42,6 +45,7 @@ impl Content {
                 Some((number, guid)) => format!("a GPT whose partition {number} has GUID {guid}"),
                 None => "a GPT without partitions".to_string(),
             },
+            Content::Luks2 { uuid } => format!("a LUKS2 header with UUID {uuid}"),
             Content::Unrecognised => "no recognised file system or partition table".to_string(),
         }
     }
@@ -55,7 +59,9 @@ impl Content {
             Content::PartitionTable {
                 sector_size: own, ..
             } => sector_size == *own,
-            Content::Unrecognised => true,
+            // The header sets its own encryption sector size (create
+            // passes the volume's); what reads inside is the file system's.
+            Content::Luks2 { .. } | Content::Unrecognised => true,
         }
     }
 
@@ -72,6 +78,7 @@ impl Content {
             Content::PartitionTable { sector_size, .. } => {
                 format!("a GPT written for {sector_size}-byte sectors")
             }
+            Content::Luks2 { .. } => "a LUKS2 header".to_string(),
             Content::Unrecognised => "no recognised content".to_string(),
         }
     }
@@ -99,43 +106,77 @@ impl Content {
     }
 }
 
-/// Whether `content` is what a volume of `mode` with this UUID holds: the
-/// file system UUID, or partition 1's unique GUID.
-pub fn identifies(content: &Content, mode: &Mode, uuid: Uuid) -> bool {
-    match (mode, content) {
-        (
-            Mode::Filesystem { fs_type, .. },
-            Content::Filesystem {
-                fs_type: found,
-                uuid: found_uuid,
-                ..
-            },
-        ) => fs_type == found && *found_uuid == uuid,
-        (Mode::Block, Content::PartitionTable { partitions, .. }) => {
-            partitions.contains(&(1, uuid))
+/// What a volume's backing file holds when it is this volume: the file
+/// system or partition carrying the volume UUID, or for an encrypted
+/// volume the LUKS2 header with its own UUID (the volume UUID is inside).
+#[derive(Debug, Clone, Copy)]
+pub struct Identity<'a> {
+    pub mode: &'a Mode,
+    pub uuid: Uuid,
+    pub luks_uuid: Option<Uuid>,
+}
+
+impl<'a> Identity<'a> {
+    /// A volume that is not encrypted.
+    pub fn plain(mode: &'a Mode, uuid: Uuid) -> Self {
+        Identity {
+            mode,
+            uuid,
+            luks_uuid: None,
         }
-        _ => false,
     }
-}
 
-/// Fails, naming what the file holds, unless `content` is the volume's.
-pub fn require_identity(content: &Content, mode: &Mode, uuid: Uuid, path: &Path) -> Result<()> {
-    if !identifies(content, mode, uuid) {
-        anyhow::bail!(
-            "backing file {} holds {}, not {}",
-            path.display(),
-            content.describe(),
-            expected_content(mode, uuid)
-        );
+    /// What an encrypted volume's opened device holds: the plain identity.
+    pub fn inside(&self) -> Identity<'a> {
+        Identity::plain(self.mode, self.uuid)
     }
-    Ok(())
-}
 
-/// What `identifies` looks for, in words.
-pub fn expected_content(mode: &Mode, uuid: Uuid) -> String {
-    match mode {
-        Mode::Filesystem { fs_type, .. } => format!("an {fs_type} file system with UUID {uuid}"),
-        Mode::Block => format!("a GPT whose partition 1 has GUID {uuid}"),
+    /// Whether `content` is this volume's backing file (or, for
+    /// [`Identity::inside`], its opened device).
+    pub fn is_held_by(&self, content: &Content) -> bool {
+        if let Some(luks_uuid) = self.luks_uuid {
+            return *content == Content::Luks2 { uuid: luks_uuid };
+        }
+        match (self.mode, content) {
+            (
+                Mode::Filesystem { fs_type, .. },
+                Content::Filesystem {
+                    fs_type: found,
+                    uuid: found_uuid,
+                    ..
+                },
+            ) => fs_type == found && *found_uuid == self.uuid,
+            (Mode::Block, Content::PartitionTable { partitions, .. }) => {
+                partitions.contains(&(1, self.uuid))
+            }
+            _ => false,
+        }
+    }
+
+    /// Fails, naming what `path` holds, unless `content` is this volume.
+    pub fn require_in(&self, content: &Content, path: &Path) -> Result<()> {
+        if !self.is_held_by(content) {
+            anyhow::bail!(
+                "backing file {} holds {}, not {}",
+                path.display(),
+                content.describe(),
+                self.describe()
+            );
+        }
+        Ok(())
+    }
+
+    /// What `is_held_by` looks for, in words.
+    pub fn describe(&self) -> String {
+        if let Some(luks_uuid) = self.luks_uuid {
+            return format!("a LUKS2 header with UUID {luks_uuid}");
+        }
+        match self.mode {
+            Mode::Filesystem { fs_type, .. } => {
+                format!("an {fs_type} file system with UUID {}", self.uuid)
+            }
+            Mode::Block => format!("a GPT whose partition 1 has GUID {}", self.uuid),
+        }
     }
 }
 
@@ -157,7 +198,7 @@ const HEAD_BYTES: usize = 4096;
 pub fn probe(file: &File) -> Result<Content> {
     let mut head = [0u8; HEAD_BYTES];
     let length = read_up_to(file, &mut head, 0)?;
-    if let Some(content) = filesystem_in(&head[..length]) {
+    if let Some(content) = luks2_in(&head[..length]).or_else(|| filesystem_in(&head[..length])) {
         return Ok(content);
     }
     Ok(gpt_layout::read_any(file).map_or(Content::Unrecognised, gpt_content))
@@ -174,10 +215,33 @@ pub fn filesystem_at(file: &File, offset: u64) -> Result<Option<Content>> {
 /// [`probe`] of a file whose whole content is `image`: the same parsers
 /// without a file, for fuzzing them.
 pub fn probe_image(image: &[u8]) -> Content {
-    if let Some(content) = filesystem_in(&image[..image.len().min(HEAD_BYTES)]) {
+    let head = &image[..image.len().min(HEAD_BYTES)];
+    if let Some(content) = luks2_in(head).or_else(|| filesystem_in(head)) {
         return content;
     }
     gpt_layout::read_any_in_image(image).map_or(Content::Unrecognised, gpt_content)
+}
+
+const LUKS_MAGIC: &[u8; 6] = b"LUKS\xba\xbe";
+const LUKS_VERSION_OFFSET: usize = 6;
+/// The UUID as text (36 characters, NUL-padded to 40) in the binary header.
+const LUKS_UUID_OFFSET: usize = 168;
+const LUKS_UUID_LENGTH: usize = 40;
+
+/// A LUKS2 binary header. Only its magic, version and UUID are read: the
+/// rest is cryptsetup's to interpret.
+fn luks2_in(head: &[u8]) -> Option<Content> {
+    if head.len() < LUKS_UUID_OFFSET + LUKS_UUID_LENGTH || &head[..6] != LUKS_MAGIC {
+        return None;
+    }
+    let version = u16::from_be_bytes([head[LUKS_VERSION_OFFSET], head[LUKS_VERSION_OFFSET + 1]]);
+    if version != 2 {
+        return None;
+    }
+    let field = &head[LUKS_UUID_OFFSET..LUKS_UUID_OFFSET + LUKS_UUID_LENGTH];
+    let text = field.split(|b| *b == 0).next().unwrap_or_default();
+    let uuid = std::str::from_utf8(text).ok()?.parse().ok()?;
+    Some(Content::Luks2 { uuid })
 }
 
 fn filesystem_in(head: &[u8]) -> Option<Content> {
@@ -369,6 +433,30 @@ mod tests {
     }
 
     #[test]
+    fn reads_a_luks2_header_uuid_and_nothing_of_luks1() {
+        let uuid = Uuid::parse_str(UUID).unwrap();
+        let text = uuid.to_string();
+        let header = |version: &[u8]| {
+            file_with(
+                &[(0, b"LUKS\xba\xbe"), (6, version), (168, text.as_bytes())],
+                8192,
+            )
+        };
+        let content = probe(&header(&[0, 2])).unwrap();
+        assert_eq!(content, Content::Luks2 { uuid });
+        let mode = Mode::Block;
+        let encrypted = Identity {
+            mode: &mode,
+            uuid: Uuid::nil(),
+            luks_uuid: Some(uuid),
+        };
+        assert!(encrypted.is_held_by(&content));
+        assert!(!encrypted.inside().is_held_by(&content));
+        assert!(!Identity::plain(&mode, uuid).is_held_by(&content));
+        assert_eq!(probe(&header(&[0, 1])).unwrap(), Content::Unrecognised);
+    }
+
+    #[test]
     fn finds_a_gpt_at_either_sector_size() {
         let uuid = Uuid::parse_str(UUID).unwrap();
         for sector_size in [512, 4096] {
@@ -383,7 +471,7 @@ mod tests {
                     sector_size
                 }
             );
-            assert!(identifies(&content, &Mode::Block, uuid));
+            assert!(Identity::plain(&Mode::Block, uuid).is_held_by(&content));
             assert!(content.works_with_sector_size(sector_size));
             assert!(!content.works_with_sector_size(4608 - sector_size));
             assert_eq!(content.preferred_sector_size(512), sector_size);

@@ -7,6 +7,7 @@ use std::path::PathBuf;
 use std::str::FromStr;
 
 use serde::{Deserialize, Serialize};
+use uuid::Uuid;
 
 use crate::volume::id::VolumeId;
 
@@ -64,6 +65,16 @@ impl Mode {
             Mode::Block => PathBuf::from(format!("/dev/disk/by-partuuid/{id}")),
         }
     }
+}
+
+/// An encrypted volume's LUKS2 header and the key that opens it
+/// unattended (a file only root reads).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Encryption {
+    /// The header's own UUID: never the volume UUID, which the file
+    /// system inside carries.
+    pub luks_uuid: Uuid,
+    pub key_file: PathBuf,
 }
 
 /// A mode without its details, as a command line or a desired state

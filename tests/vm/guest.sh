@@ -37,6 +37,12 @@
 #   guest.sh readme-create    the README's first-volume commands, as written
 #   guest.sh readme-check     after the reboot: the README's check commands,
 #                             the volume back and mounted; then removed
+#   guest.sh encrypted-create the encryption guide's volume and an xfs one,
+#                             mounted by UUID=; detach refused while mounted
+#   guest.sh encrypted-check N
+#                             boot 1: back unattended, shutdown order; boot
+#                             3: one without its key fails alone, and the
+#                             guide's recovery brings it back
 #   guest.sh emergency-switch-doc
 #                             in a boot with sparse_volume.skip=: the
 #                             emergency-switch guide's commands, as written
@@ -44,7 +50,10 @@
 # Volume UUIDs are chosen at setup and kept in $STATE for later phases.
 # SV_VM_SOFT=1: a failed check is logged (and kept in $SOFT_FAILURES)
 # instead of ending the phase, to see every failure of a build at once.
-set -euo pipefail
+set -Eeuo pipefail
+# A command that ends a phase under set -e says which one (only in the
+# phase's own shell: inside $(...) a failure is the caller's to judge).
+trap 'err_rc=$?; ((BASH_SUBSHELL)) || printf "[guest %s] FAIL: exit %s at line %s: %s\n" "$phase" "$err_rc" "$LINENO" "$BASH_COMMAND" >&2' ERR
 
 STATE=/root/scenario.env
 SOFT_FAILURES=/root/soft-failures
@@ -83,7 +92,7 @@ file_of() { sed -n 's/^path = "\(.*\)"$/\1/p' "$VOLUMES_D/$1.toml"; }
 # Every enabled volume (a variable name of $STATE each; CLONE and
 # IMPORTED from the clone phase on, MK_* from the take-over phase on,
 # which only the full scope runs): enabled_volumes names the ones made.
-ALL_ENABLED_VOLUMES="EXT4 XFS BLOCK READONLY OTHER E4K X4K B4K CLONE IMPORTED MK_EXT4 MK_XFS MK_BLOCK MK_REPAIRED"
+ALL_ENABLED_VOLUMES="EXT4 XFS BLOCK READONLY OTHER E4K X4K B4K CLONE IMPORTED MK_EXT4 MK_XFS MK_BLOCK MK_REPAIRED ENC_DB ENC_XFS"
 enabled_volumes() {
     local name
     for name in $ALL_ENABLED_VOLUMES; do
@@ -1255,6 +1264,12 @@ prepare_boot() {
         # them. The others must come up as usual.
         echo "overcommit = 2.0" >>"$CONFIG"
         echo "sparse_volume.skip=$READONLY,$XFS" >"$BOOT_SWITCH"
+        if [[ -n ${ENC_DB:-} ]]; then
+            mv "/etc/sparse-volume/keys/$ENC_DB.key" /root/lost.key
+            # Its consumer gives up on the device after 10 s, not 90.
+            sed -i "\# /srv/enc-db #s/device-timeout=90s/device-timeout=10s/" /etc/fstab
+            log "boot 3: the key file of the encrypted volume $ENC_DB is gone"
+        fi
         log "boot 3 starts with the fresh install's config.toml plus an unknown key (overcommit), and $(expected_switch) on the kernel command line"
         ;;
     4)
@@ -1265,8 +1280,9 @@ prepare_boot() {
             -e "s|^\(PARTUUID=$BLOCK /srv/block ext4 defaults\)|\1,nofail,x-systemd.device-timeout=5s|" \
             -e "/^UUID=$E4K /s/device-timeout=90s/device-timeout=5s/" \
             -e "/^UUID=$X4K /s/device-timeout=90s/device-timeout=5s/" \
-            -e "\# /srv/mk-#s/device-timeout=90s/device-timeout=5s/" /etc/fstab
-        local consumers=$((4 + $(grep -c ' /srv/mk-' /etc/fstab || true)))
+            -e "\# /srv/mk-#s/device-timeout=90s/device-timeout=5s/" \
+            -e "\# /srv/enc-#s/device-timeout=[0-9]*s/device-timeout=5s/" /etc/fstab
+        local consumers=$((4 + $(grep -c ' /srv/mk-\| /srv/enc-' /etc/fstab || true)))
         [[ $(grep -c 'nofail,x-systemd.device-timeout=5s' /etc/fstab) == "$consumers" ]] ||
             fail "prepare-boot 4: the $consumers fstab consumers of volumes were not made nofail with a 5 s device timeout: $(cat /etc/fstab)"
         # Without the generator's masks in this boot, the old unit enabled
@@ -1496,6 +1512,189 @@ metrics() {
     systemctl daemon-reload
 }
 
+# Encrypted volumes (issue 28): the encryption guide's volume (its key file
+# made by create) and an xfs volume with a key file of known bytes, both
+# mounted through fstab by UUID= (nofail). Their UUIDs and recovery keys
+# are kept in $ENCRYPTED_STATE.
+ENCRYPTED_STATE=/root/encrypted.env
+KNOWN_KEY=/root/known.key
+# 64 bytes that `strings` finds wherever they land.
+KNOWN_KEY_TEXT=SV-KNOWN-KEY-MATERIAL-0123456789-abcdefghijklmnopqrstuvwxyz-0064
+encrypted_create() {
+    local out db xfs db_recovery xfs_recovery
+    printf '%s' "$KNOWN_KEY_TEXT" >"$KNOWN_KEY"
+    chmod 0400 "$KNOWN_KEY"
+    out=$(bash -o pipefail -c "$(doc_block encryption.md 1)") ||
+        fail "encryption guide: its create command failed: $out"
+    db=$(sed -n 's/^created filesystem volume \([0-9a-f-]\{36\}\) .*/\1/p' <<<"$out")
+    db_recovery=$(sed -n 's/^recovery key: //p' <<<"$out")
+    [[ -n $db && $db_recovery =~ ^([cbdefghijklnrtuv]{8}-){7}[cbdefghijklnrtuv]{8}$ ]] ||
+        fail "encryption guide: create did not say the UUID and a recovery key: $out"
+    # On the second storage root: the first has room for the README's
+    # volume only without it.
+    xfs=$(new_uuid)
+    out=$($CLI create --uuid "$xfs" --path "/srv/volumes/$xfs" --size 320M --fs xfs --encrypt --key-file "$KNOWN_KEY" --now --json) ||
+        fail "create --encrypt of the xfs volume failed: $out"
+    xfs_recovery=$(json_field recovery_key <<<"$out")
+    [[ -n $xfs && -n $xfs_recovery ]] || fail "create --encrypt --json: no uuid or recovery_key: $out"
+    printf 'ENC_DB_RECOVERY=%s\nENC_XFS_RECOVERY=%s\n' "$db_recovery" "$xfs_recovery" >"$ENCRYPTED_STATE"
+    # Enabled volumes like the others: every later check of all of them
+    # (pv, by-loop-ref links, the emergency switch) counts these too.
+    printf 'ENC_DB=%s\nENC_XFS=%s\n' "$db" "$xfs" >>"$STATE"
+    # shellcheck disable=SC1090
+    . "$STATE"
+    [[ $(stat -c '%u %a' "/etc/sparse-volume/keys/$db.key") == "0 400" ]] ||
+        fail "the key file create made is $(stat -c 'uid %u mode %a' "/etc/sparse-volume/keys/$db.key"), expected root's, 0400"
+    encrypted_links
+    mkdir -p /srv/enc-db /srv/enc-xfs
+    {
+        echo "UUID=$db /srv/enc-db ext4 nofail,x-systemd.device-timeout=90s 0 2"
+        echo "UUID=$xfs /srv/enc-xfs xfs nofail,x-systemd.device-timeout=90s 0 2"
+    } >>/etc/fstab
+    systemctl daemon-reload
+    mount /srv/enc-db || fail "the encrypted ext4 volume does not mount by UUID="
+    mount /srv/enc-xfs || fail "the encrypted xfs volume does not mount by UUID="
+    write_payload /srv/enc-db enc-db
+    write_payload /srv/enc-xfs enc-xfs
+    # Grown while mounted: the loop device, the mapping, then the ext4.
+    local before after
+    before=$(df --output=size -B1M /srv/enc-db | tail -n 1 | tr -d ' ')
+    out=$($CLI resize "$db" --size 384M 2>&1) || fail "resize of the mounted encrypted ext4 failed: $out"
+    after=$(df --output=size -B1M /srv/enc-db | tail -n 1 | tr -d ' ')
+    ((after > before + 100)) || fail "online resize of the encrypted ext4: df went from $before to $after MiB"
+    check_payload /srv/enc-db enc-db
+    local err rc
+    run_rc out err $CLI detach "$db"
+    ((rc != 0)) && [[ $err == *"is mounted on /srv/enc-db"* ]] ||
+        fail "detach of the mounted encrypted volume: exit $rc, expected a refusal naming the mount: $out $err"
+    findmnt /srv/enc-db >/dev/null || fail "the refused detach unmounted the consumer"
+    # list exits 1 for the corrupt registry file setup left on purpose.
+    out=$($CLI list --json || true)
+    [[ $out == *"\"opened\":\"/dev/mapper/sparse-volume-$db\""* ]] ||
+        fail "list --json does not show the opened device of $db: $out"
+    no_key_material "after create"
+    log "encrypted: $db (ext4, the guide's) and $xfs (xfs, key file of known bytes) created, opened, mounted by UUID=; the ext4 grown online ${before} -> ${after} MiB; detach refused while mounted"
+}
+
+# Each encrypted volume: its file system's link points at its mapping,
+# which sits on the volume's loop device, whose own link is the header's
+# UUID (never the volume's).
+encrypted_links() {
+    local uuid luks device node
+    for uuid in "$ENC_DB" "$ENC_XFS"; do
+        luks=$(sed -n 's/^luks_uuid = "\(.*\)"$/\1/p' "$VOLUMES_D/$uuid.toml")
+        [[ -n $luks && $luks != "$uuid" ]] || fail "$uuid: luks_uuid is \"$luks\", expected a UUID of its own"
+        udevadm wait --timeout=30 "/dev/disk/by-uuid/$uuid" "/dev/disk/by-uuid/$luks" ||
+            fail "$uuid: no by-uuid link for the volume or its header ($luks)"
+        device=$(only_loop_of "$(file_of "$uuid")")
+        node=$(readlink -f "/dev/disk/by-uuid/$uuid")
+        [[ $node == /dev/dm-* && $(cat "/sys/class/block/${node#/dev/}/dm/name") == "sparse-volume-$uuid" ]] ||
+            fail "$uuid: /dev/disk/by-uuid/$uuid points at $node, not at the mapping sparse-volume-$uuid"
+        [[ -e /sys/class/block/${device#/dev/}/holders/${node#/dev/} ]] ||
+            fail "$uuid: the mapping $node does not sit on the volume's device $device"
+        [[ $(readlink -f "/dev/disk/by-uuid/$luks") == "$device" ]] ||
+            fail "$uuid: the header's link /dev/disk/by-uuid/$luks points at $(readlink -f "/dev/disk/by-uuid/$luks"), not at $device"
+    done
+}
+
+# Neither key file's bytes nor a recovery key in the journal (binary files
+# and text) or in what the reporting commands print.
+no_key_material() {
+    # shellcheck disable=SC1090
+    . "$ENCRYPTED_STATE"
+    local where=$1 seen secret
+    seen=$(
+        strings /var/log/journal/*/*.journal* 2>/dev/null || true
+        journalctl --no-pager -o cat 2>/dev/null || true
+        $CLI list --json || true
+        $CLI status "$ENC_DB" --json || true
+        $CLI check --json || true
+        $CLI pv --json 2>/dev/null || true
+        $CLI metrics 2>/dev/null || true
+    )
+    # The generated key files hold raw bytes no report could print as
+    # such; the key file of known text stands for them.
+    for secret in "$KNOWN_KEY_TEXT" "$ENC_DB_RECOVERY" "$ENC_XFS_RECOVERY"; do
+        [[ $seen != *"$secret"* ]] || fail "$where: key material found in the journal or a report: ${secret:0:12}…"
+    done
+}
+
+encrypted_check() {
+    local boot=$1
+    # shellcheck disable=SC1090
+    . "$STATE"
+    # shellcheck disable=SC1090
+    . "$ENCRYPTED_STATE"
+    case $boot in
+    1)
+        findmnt /srv/enc-db >/dev/null && findmnt /srv/enc-xfs >/dev/null ||
+            fail "boot 1: the encrypted volumes' fstab consumers are not mounted"
+        check_payload /srv/enc-db enc-db
+        check_payload /srv/enc-xfs enc-xfs
+        encrypted_links
+        encrypted_shutdown_order
+        no_key_material "after boot 1"
+        log "boot 1: both encrypted volumes unlocked unattended, mounted, checksums intact; the previous shutdown unmounted, closed, then detached"
+        ;;
+    3)
+        # prepare-boot 3 took the guide volume's key file away.
+        local system line
+        system=$(systemctl is-system-running --wait || true)
+        [[ $(systemctl is-active multi-user.target) == active ]] ||
+            fail "boot 3: multi-user.target is not active with one encrypted volume's key missing (system: $system)"
+        systemctl is-failed --quiet "sparse-volume@$ENC_DB.service" ||
+            fail "boot 3: the unit of $ENC_DB (key file removed) is $(systemctl is-active "sparse-volume@$ENC_DB.service"), expected failed"
+        line=$(journalctl -b 0 --no-pager -o cat -u "sparse-volume@$ENC_DB.service" | grep -F "key file /etc/sparse-volume/keys/$ENC_DB.key of volume $ENC_DB is missing" || true)
+        [[ $(grep -c . <<<"$line") == 1 ]] ||
+            fail "boot 3: expected one journal line of the unit naming the volume and its missing key file, got: ${line:-none}"
+        ! findmnt /srv/enc-db >/dev/null || fail "boot 3: /srv/enc-db is mounted without its volume"
+        findmnt /srv/enc-xfs >/dev/null || fail "boot 3: the other encrypted volume is not mounted"
+        check_payload /srv/enc-xfs enc-xfs
+        log "boot 3: without its key file $ENC_DB failed alone: $line"
+        encrypted_recovery
+        ;;
+    *) fail "encrypted-check: no boot $boot" ;;
+    esac
+}
+
+# The guide's recovery commands as written (the volume's UUID put in), each
+# cryptsetup given the recovery key on its standard input as a person
+# types it at the prompt; then the consumer mounts, with its data.
+encrypted_recovery() {
+    local script="" line command out
+    while IFS= read -r line; do
+        command=${line//2f0c5a8e-7d1b-4c3e-9a6f-0b1c2d3e4f5a/$ENC_DB}
+        [[ $command == cryptsetup* ]] && command+=' <<<"$RECOVERY_KEY"'
+        script+="$command"$'\n'
+    done < <(doc_block encryption.md 2)
+    [[ $script == *"systemctl start"* ]] || fail "encryption guide: the recovery block has no systemctl start: $script"
+    out=$(RECOVERY_KEY=$ENC_DB_RECOVERY bash -euo pipefail -c "$script" 2>&1) ||
+        fail "encryption guide: the recovery commands failed: $out"
+    systemctl is-active --quiet "sparse-volume@$ENC_DB.service" || fail "after recovery the unit of $ENC_DB is not active"
+    mount /srv/enc-db || fail "after recovery /srv/enc-db does not mount"
+    check_payload /srv/enc-db enc-db
+    encrypted_links
+    no_key_material "after the recovery"
+    log "recovery: the guide's commands with the recovery key gave $ENC_DB a new key file; unlocked, mounted, checksum intact"
+}
+
+# In the previous boot's shutdown, each encrypted volume's consumer
+# unmounted before its unit stopped, and the stop closed the mapping and
+# then released the loop device (its one line says both, in that order).
+encrypted_shutdown_order() {
+    local since journal uuid mountpoint unmounted stopped
+    since=$(cat /root/reboot-at 2>/dev/null || echo 0)
+    journal=$(journalctl -b -1 --no-pager -o cat --since "@$since")
+    for uuid in "$ENC_DB" "$ENC_XFS"; do
+        mountpoint=/srv/enc-db
+        [[ $uuid == "$ENC_XFS" ]] && mountpoint=/srv/enc-xfs
+        unmounted=$(grep -nE "^Unmounted .*$mountpoint\.?$" <<<"$journal" | head -n 1 | cut -d: -f1 || true)
+        stopped=$(grep -nE "^detached $uuid \(/dev/loop[0-9]+; closed /dev/mapper/sparse-volume-$uuid first\)$" <<<"$journal" | head -n 1 | cut -d: -f1 || true)
+        [[ -n $unmounted && -n $stopped ]] && ((unmounted < stopped)) ||
+            fail "previous shutdown of $uuid: unmount at line ${unmounted:-none}, close and detach at ${stopped:-none} of the journal since the reboot; expected the unmount first: $(grep -E "$mountpoint|$uuid" <<<"$journal" | head -n 20)"
+    done
+}
+
 case $phase in
 partition-once) bash /root/partition-once.sh $CLI 10 ;;
 metrics) metrics ;;
@@ -1515,5 +1714,7 @@ take-over) take_over ;;
 readme-create) readme_create ;;
 readme-check) readme_check ;;
 emergency-switch-doc) emergency_switch_doc ;;
+encrypted-create) encrypted_create ;;
+encrypted-check) encrypted_check "${2:?boot number}" ;;
 *) fail "unknown phase" ;;
 esac

@@ -148,7 +148,7 @@ vm_start 1G 1G@4k
 # shellcheck disable=SC2016 # expanded in the guest
 vm_log "guest: $(vm_ssh '. /etc/os-release && echo "$PRETTY_NAME, $(systemctl --version | head -n 1 | cut -d" " -f1,2), $(losetup --version), kernel $(uname -r)"' </dev/null)"
 vm_copy_in "${debs[0]}" "$(upgrade_deb)" tests/vm/guest.sh tests/vm/partition-once.sh tests/vm/metalk8s-volume.sh README.md \
-    docs/guide/emergency-switch.md docs/guide/monitoring.md docs/guide/take-over.md /root/
+    docs/guide/emergency-switch.md docs/guide/monitoring.md docs/guide/take-over.md docs/guide/encryption.md /root/
 vm_ssh "mkdir -p /root/previous" </dev/null
 vm_copy_in "$previous" /root/previous/
 vm_ssh "dpkg-deb -f /root/previous/${previous##*/} Version >/root/previous/version && dpkg -i /root/previous/${previous##*/}" </dev/null
@@ -170,12 +170,14 @@ if [[ ${SV_VM_QUICK:-0} == 1 ]]; then
     restart_checked 4 "sparse_volume=off: no volume, the boot still reaches multi-user.target"
     phase "verify after boot 4" verify 4
 else
+    phase "encrypted volumes: the guide's and an xfs one, mounted by UUID=" encrypted-create
     phase "a block volume's partition appears once per attach" partition-once
     phase "the README's first volume, as written" readme-create
     reboot_checked 1 "the volumes made at setup"
     # First, so that the checks of boot 1 see only the scenario's volumes.
     phase "the README's commands after the reboot, as written" readme-check
     phase "verify after reboot 1" verify 1
+    phase "encrypted volumes after reboot 1: unlocked unattended, the shutdown's order" encrypted-check 1
     phase "consumers of sparse-volumes.target" consumers
     phase "reports tell the device's truth" device-truth
     if [[ $scope == full ]]; then
@@ -192,7 +194,8 @@ else
     fi
     phase "package upgrade, removal, purge, fresh install" package
     phase "an unknown key in config.toml and sparse_volume.skip= for boot 3" prepare-boot 3
-    restart_checked 3 "after purge and a fresh install with the default config.toml plus an unknown key, two volumes skipped"
+    restart_checked 3 "after purge and a fresh install with the default config.toml plus an unknown key, two volumes skipped, an encrypted volume's key file gone"
+    phase "encrypted volumes after boot 3: the one without its key failed alone; the guide's recovery" encrypted-check 3
     phase "verify after boot 3" verify 3
     phase "the emergency switch guide's commands, as written" emergency-switch-doc
     if [[ $scope == full ]]; then

@@ -30,10 +30,11 @@ use crate::volume::creating_mark::{
 use crate::volume::gpt_layout;
 use crate::volume::id::VolumeId;
 use crate::volume::kept_mark::kept_for;
-use crate::volume::probe::{expected_content, identifies, probe};
+use crate::volume::probe::probe;
 use crate::volume::size::format_size;
 use crate::volume::spec::Mode;
 
+mod encryption;
 mod file_system;
 mod last_check;
 mod leftover_nodes;
@@ -536,7 +537,7 @@ fn audit_volume(audit: &mut Audit, volume: &Volume) -> Result<()> {
         );
     }
     let content = file.as_ref().map(probe).transpose()?;
-    if let Some(content) = content.filter(|c| !identifies(c, &volume.mode, volume.id.uuid())) {
+    if let Some(content) = content.filter(|c| !volume.identity().is_held_by(c)) {
         audit.report(
             "content-mismatch",
             Some(volume),
@@ -546,7 +547,7 @@ fn audit_volume(audit: &mut Audit, volume: &Volume) -> Result<()> {
                 subject(volume),
                 path.display(),
                 content.describe(),
-                expected_content(&volume.mode, volume.id.uuid())
+                volume.identity().describe()
             ),
         );
         return Ok(());
@@ -559,6 +560,11 @@ fn audit_volume(audit: &mut Audit, volume: &Volume) -> Result<()> {
         preallocation::audit_preallocation(audit, volume, file, &path)?;
     }
     replaced_unit::audit_replaced_unit(audit, volume, &path);
+    // Key files and headers are root's alone, like the content: an
+    // unprivileged audit has said already that it did not see them.
+    if file.is_some() {
+        encryption::audit_encryption(audit, volume, &path);
+    }
 
     // Without root, devices are matched by the path sysfs shows.
     let devices = loop_device::devices_of_file(&path)?;
@@ -699,7 +705,7 @@ fn read_only_pending(audit: &mut Audit, volume: &Volume, number: u32, path: &Pat
 }
 
 /// How a finding names a volume: by its name and UUID, or its UUID.
-fn subject(volume: &Volume) -> String {
+pub(super) fn subject(volume: &Volume) -> String {
     match &volume.name {
         Some(name) => format!("{name} ({})", volume.id),
         None => volume.id.to_string(),

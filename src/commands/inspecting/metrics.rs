@@ -179,6 +179,11 @@ fn exposition(snapshot: &Snapshot) -> String {
         per_volume(&|v| v.attach_missed.map(flag)),
     );
     out.gauge(
+        "sparse_volume_encrypted",
+        "1 when the volume is encrypted (LUKS2 in its backing file, unlocked at boot by its key file).",
+        per_volume(&|v| Some(flag(v.encryption.is_some()))),
+    );
+    out.gauge(
         "sparse_volume_read_only",
         "1 when the volume is attached read-only.",
         per_volume(&|v| Some(flag(v.read_only))),

@@ -15,20 +15,24 @@ use crate::commands::report::{Failure, Outcome, Report};
 use crate::engine::activate::{attached_devices, bring_up_now};
 use crate::engine::attach::sector_size_blocks_direct_io;
 use crate::engine::capacity;
+use crate::engine::encryption::{mapping_name, RECOVERY_GUIDE};
 use crate::hooks::{self, Crash};
 use crate::kernel::block_device::backing_logical_block_size;
-use crate::kernel::files::sync_dir;
+use crate::kernel::dm_crypt;
+use crate::kernel::files::{sync_dir, write_atomically};
+use crate::registry::paths::{SystemRoot, KEYS_DIR};
 use crate::registry::{check_path, check_size, Registry, Volume};
 use crate::volume::backing_file::{allocate, open_backing_file};
 use crate::volume::creating_mark::{
-    clear_creating_mark, creating_path, has_creating_mark, set_creating_mark,
+    clear_creating_mark, creating_path, has_creating_mark, marked_for, set_creating_mark,
 };
 use crate::volume::filesystem::{make_filesystem, refuse_known_mkfs_failures};
 use crate::volume::gpt_layout;
 use crate::volume::id::VolumeId;
-use crate::volume::probe::{expected_content, identifies, probe};
+use crate::volume::luks;
+use crate::volume::probe::{probe, Content};
 use crate::volume::size::{format_size, round_up_to_mib};
-use crate::volume::spec::{FsType, Mode, DEFAULT_SECTOR_SIZE, SECTOR_SIZES};
+use crate::volume::spec::{Encryption, FsType, Mode, DEFAULT_SECTOR_SIZE, SECTOR_SIZES};
 
 /// Stands for the UUID a dry run of a create cannot know, in the default
 /// path made of it.
@@ -48,6 +52,15 @@ pub struct CreateRequest {
     pub now: bool,
     /// Every check, nothing made: the report says what would be.
     pub dry_run: bool,
+    /// LUKS2 inside the backing file (`--encrypt`).
+    pub encryption: Option<EncryptRequest>,
+}
+
+/// How an encrypted volume is to unlock at boot.
+#[derive(Debug, Clone, Default)]
+pub struct EncryptRequest {
+    /// A key file of the operator's; None makes one in the keys directory.
+    pub key_file: Option<PathBuf>,
 }
 
 #[derive(Debug, Serialize)]
@@ -68,6 +81,11 @@ pub struct CreateReport {
     pub device: Option<PathBuf>,
     /// Set when an interrupted create was completed instead of a new one.
     pub note: Option<String>,
+    /// An encrypted volume's LUKS2 header UUID (never the volume UUID).
+    pub luks_uuid: Option<String>,
+    pub key_file: Option<PathBuf>,
+    /// Shown once, by the create that enrolled it; never stored by us.
+    pub recovery_key: Option<String>,
     pub warnings: Vec<String>,
 }
 
@@ -112,11 +130,28 @@ impl CreateReport {
                 self.requested_size
             ));
         }
+        if let Some(key_file) = &self.key_file {
+            let header = self
+                .luks_uuid
+                .as_ref()
+                .map_or(String::new(), |uuid| format!("LUKS2 header {uuid}, "));
+            text.push_str(&format!(
+                ", encrypted ({header}unlocked by {})",
+                key_file.display()
+            ));
+        }
         if let Some(device) = &self.device {
             text.push_str(&format!(", attached as {}", device.display()));
         }
         if let Some(note) = &self.note {
             text.push_str(&format!("; {note}"));
+        }
+        if let Some(recovery_key) = &self.recovery_key {
+            text.push_str(&format!(
+                "\nrecovery key: {recovery_key}\n\
+                 Store it away from this machine now: it is shown only this once, and it opens \
+                 the volume when the key file is lost ({RECOVERY_GUIDE})."
+            ));
         }
         text
     }
@@ -138,6 +173,14 @@ pub fn create(registry: &Registry, request: &CreateRequest) -> Outcome<CreateRep
         if request.path.is_none() {
             report.path.set_file_name(UUID_PLACEHOLDER);
         }
+        report.luks_uuid = None;
+        let default_key_file = request
+            .encryption
+            .as_ref()
+            .is_some_and(|asked| asked.key_file.is_none());
+        if let Some(key_file) = report.key_file.as_mut().filter(|_| default_key_file) {
+            key_file.set_file_name(format!("{UUID_PLACEHOLDER}.key"));
+        }
         return Ok(report);
     }
     let Some(id) = id else {
@@ -145,6 +188,14 @@ pub fn create(registry: &Registry, request: &CreateRequest) -> Outcome<CreateRep
     };
     if request.now && !request.dry_run {
         let activation = bring_up_now(registry, &id, true).map_err(|error| {
+            // The only time the recovery key is shown must not be lost to
+            // a failed start.
+            let error = match &report.recovery_key {
+                Some(key) => error.context(format!(
+                    "the volume was created; its recovery key, shown only now, is {key} (store it away from this machine)"
+                )),
+                None => error,
+            };
             if report.changed {
                 Failure::PartlyApplied {
                     uuid: id,
@@ -194,6 +245,13 @@ pub fn create_volume(registry: &Registry, request: &CreateRequest) -> Result<Cre
         .into_iter()
         .collect::<Vec<_>>();
 
+    let encryption = request.encryption.as_ref().map(|asked| Encryption {
+        luks_uuid: uuid::Uuid::new_v4(),
+        key_file: asked
+            .key_file
+            .clone()
+            .unwrap_or_else(|| Path::new(KEYS_DIR).join(format!("{id}.key"))),
+    });
     let volume = Volume {
         id,
         path: path.clone(),
@@ -207,6 +265,7 @@ pub fn create_volume(registry: &Registry, request: &CreateRequest) -> Result<Cre
         sector_size,
         origin: None,
         replaces_unit: None,
+        encryption,
     };
     // The parser's own rules, before anything exists on disk.
     volume.validate()?;
@@ -222,6 +281,9 @@ pub fn create_volume(registry: &Registry, request: &CreateRequest) -> Result<Cre
         sector_size: volume.sector_size,
         device: None,
         note,
+        luks_uuid: volume.encryption.as_ref().map(|e| e.luks_uuid.to_string()),
+        key_file: volume.encryption.as_ref().map(|e| e.key_file.clone()),
+        recovery_key: None,
         warnings: if changed {
             warnings.clone()
         } else {
@@ -242,21 +304,21 @@ pub fn create_volume(registry: &Registry, request: &CreateRequest) -> Result<Cre
             }
             ensure_same_spec(&named, request, size)
                 .with_context(|| format!("the name {name:?} is volume {}", named.id))?;
+            let mut again = report(false, &named, None);
             if !request.dry_run {
-                clear_creating_mark(&root.host_path(&named.path))?;
+                again.recovery_key = finish_registered(root, &named)?;
             }
-            return Ok(report(false, &named, None));
+            return Ok(again);
         }
         registry.ensure_name_free(name, &id)?;
     }
     if let Some(existing) = registry.get(&id)? {
         ensure_same_spec(&existing, request, size)?;
-        // A create killed after registering but before unmarking, now
-        // repeated: the mark must not outlive it.
+        let mut again = report(false, &existing, None);
         if !request.dry_run {
-            clear_creating_mark(&root.host_path(&existing.path))?;
+            again.recovery_key = finish_registered(root, &existing)?;
         }
-        return Ok(report(false, &existing, None));
+        return Ok(again);
     }
 
     let host_path = root.host_path(&path);
@@ -265,7 +327,7 @@ pub fn create_volume(registry: &Registry, request: &CreateRequest) -> Result<Cre
         .context("the backing file path has no directory")?
         .to_path_buf();
     if fs::symlink_metadata(&host_path).is_ok() {
-        adopt_interrupted(&host_path, &volume)?;
+        let volume = adopt_interrupted(&host_path, volume)?;
         if request.dry_run {
             return Ok(report(
                 true,
@@ -273,18 +335,42 @@ pub fn create_volume(registry: &Registry, request: &CreateRequest) -> Result<Cre
                 Some("would complete an interrupted create".into()),
             ));
         }
+        // Its recovery key was never shown: a new one takes its slot.
+        let recovery_key = match &volume.encryption {
+            Some(encryption) => {
+                let recovery_key = luks::new_recovery_key()?;
+                let key_file = root.host_path(&encryption.key_file);
+                luks::replace_recovery_key(&host_path, &key_file, &recovery_key)?;
+                Some(recovery_key)
+            }
+            None => None,
+        };
         registry.put(&volume)?;
         clear_creating_mark(&host_path)?;
-        return Ok(report(
+        let mut adopted = report(
             true,
             &volume,
             Some("completed an interrupted create".into()),
-        ));
+        );
+        adopted.recovery_key = recovery_key;
+        return Ok(adopted);
     }
 
     // Only for a file about to be made: an existing volume stays as it is.
     if let Mode::Filesystem { fs_type, .. } = &volume.mode {
-        refuse_known_mkfs_failures(*fs_type, size)?;
+        let file_system_size = match &volume.encryption {
+            Some(_) => size
+                .checked_sub(luks::DATA_OFFSET)
+                .filter(|s| *s > 0)
+                .with_context(|| {
+                    format!(
+                        "an encrypted volume needs more than {} (its LUKS2 header)",
+                        format_size(luks::DATA_OFFSET)
+                    )
+                })?,
+            None => size,
+        };
+        refuse_known_mkfs_failures(*fs_type, file_system_size)?;
     }
     if request.dry_run {
         // The directory is not made; the file system it would be made on
@@ -295,6 +381,13 @@ pub fn create_volume(registry: &Registry, request: &CreateRequest) -> Result<Cre
             .context("no directory of the backing file path exists")?;
         let capacity = capacity::measure(registry, existing, None)?;
         capacity::ensure_fits(&capacity, size, &directory)?;
+        if let Some(asked) = request
+            .encryption
+            .as_ref()
+            .and_then(|e| e.key_file.as_ref())
+        {
+            check_operators_key_file(&root.host_path(asked))?;
+        }
         return Ok(report(true, &volume, None));
     }
     DirBuilder::new()
@@ -307,7 +400,28 @@ pub fn create_volume(registry: &Registry, request: &CreateRequest) -> Result<Cre
 
     let temporary = creating_path(&host_path);
     remove_stale_temporary(registry, &temporary)?;
-    make_backing_file(&temporary, &volume)?;
+    let secrets = match &volume.encryption {
+        Some(encryption) => {
+            let key_file = root.host_path(&encryption.key_file);
+            let ours = request
+                .encryption
+                .as_ref()
+                .is_some_and(|asked| asked.key_file.is_none());
+            let made_key_file = prepare_key_file(&key_file, ours)?;
+            Some(Secrets {
+                key_file,
+                made_key_file,
+                recovery_key: luks::new_recovery_key()?,
+            })
+        }
+        None => None,
+    };
+    make_backing_file(&temporary, &volume, secrets.as_ref()).inspect_err(|_| {
+        // A key that opens nothing is not left behind.
+        if let Some(secrets) = secrets.as_ref().filter(|s| s.made_key_file) {
+            let _ = fs::remove_file(&secrets.key_file);
+        }
+    })?;
     hooks::crash_at(Crash::CreateBeforeRename);
     // NOREPLACE: never clobber a file that appeared meanwhile.
     renameat2(
@@ -330,7 +444,82 @@ pub fn create_volume(registry: &Registry, request: &CreateRequest) -> Result<Cre
     registry.put(&volume)?;
     hooks::crash_at(Crash::CreateBeforeUnmark);
     clear_creating_mark(&host_path)?;
-    Ok(report(true, &volume, None))
+    let mut made = report(true, &volume, None);
+    made.recovery_key = secrets.map(|s| s.recovery_key);
+    Ok(made)
+}
+
+/// What a new encrypted volume is made with: the key file (host path)
+/// and the recovery key to enroll and show.
+struct Secrets {
+    key_file: PathBuf,
+    /// Made by this create (so removed again if it fails).
+    made_key_file: bool,
+    recovery_key: String,
+}
+
+/// The key file a new encrypted volume opens with: one of the operator's
+/// must exist and be root's alone; ours is made (root, 0400) unless an
+/// interrupted create of this volume made it already (nothing else writes
+/// in the keys directory under this volume's name). True when made here.
+fn prepare_key_file(key_file: &Path, ours: bool) -> Result<bool> {
+    match fs::symlink_metadata(key_file) {
+        Ok(_) => check_operators_key_file(key_file).map(|()| false),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound && ours => {
+            let directory = key_file
+                .parent()
+                .context("the key file path has no directory")?;
+            DirBuilder::new()
+                .recursive(true)
+                .mode(0o700)
+                .create(directory)
+                .with_context(|| format!("creating {}", directory.display()))?;
+            write_atomically(key_file, &luks::new_key()?, 0o400)
+                .with_context(|| format!("writing key file {}", key_file.display()))?;
+            Ok(true)
+        }
+        Err(_) => check_operators_key_file(key_file).map(|()| false),
+    }
+}
+
+/// A key file must be a regular file of root's that nobody else can read.
+fn check_operators_key_file(key_file: &Path) -> Result<()> {
+    use std::os::unix::fs::MetadataExt;
+    let meta = fs::symlink_metadata(key_file)
+        .with_context(|| format!("key file {}", key_file.display()))?;
+    if !meta.is_file() {
+        bail!("key file {} is not a regular file", key_file.display());
+    }
+    if meta.uid() != 0 || meta.mode() & 0o077 != 0 {
+        bail!(
+            "key file {} must belong to root and be readable by nobody else (it is owned by uid {} with mode {:04o}); chmod 0400 it",
+            key_file.display(),
+            meta.uid(),
+            meta.mode() & 0o7777
+        );
+    }
+    Ok(())
+}
+
+/// A create killed after registering but before unmarking, now repeated:
+/// the mark must not outlive it, and an encrypted volume's recovery key,
+/// which that create never got to show, is replaced by one shown now.
+fn finish_registered(root: &SystemRoot, volume: &Volume) -> Result<Option<String>> {
+    let host_path = root.host_path(&volume.path);
+    if !has_creating_mark(&host_path) {
+        return Ok(None);
+    }
+    let recovery_key = match &volume.encryption {
+        Some(encryption) => {
+            let recovery_key = luks::new_recovery_key()?;
+            let key_file = root.host_path(&encryption.key_file);
+            luks::replace_recovery_key(&host_path, &key_file, &recovery_key)?;
+            Some(recovery_key)
+        }
+        None => None,
+    };
+    clear_creating_mark(&host_path)?;
+    Ok(recovery_key)
 }
 
 fn ensure_same_spec(existing: &Volume, request: &CreateRequest, size: u64) -> Result<()> {
@@ -362,6 +551,20 @@ fn ensure_same_spec(existing: &Volume, request: &CreateRequest, size: u64) -> Re
     ));
     if request.name.is_some() && request.name != existing.name {
         differences.push("name".to_string());
+    }
+    match (&existing.encryption, &request.encryption) {
+        (None, Some(_)) => differences.push("not encrypted (asked --encrypt)".to_string()),
+        (Some(_), None) => differences.push("encrypted (asked without --encrypt)".to_string()),
+        (Some(existing), Some(asked)) => {
+            if let Some(key_file) = asked.key_file.as_ref().filter(|k| **k != existing.key_file) {
+                differences.push(format!(
+                    "key file {} (asked {})",
+                    existing.key_file.display(),
+                    key_file.display()
+                ));
+            }
+        }
+        (None, None) => {}
     }
     if differences.is_empty() {
         return Ok(());
@@ -443,8 +646,8 @@ pub fn spec_differences(existing: &Volume, asked: &AskedSpec) -> Vec<String> {
 /// after its rename. Adopt it only if it still carries the creating mark
 /// and is exactly what we would have made; anything else is someone's
 /// data and is never touched.
-fn adopt_interrupted(host_path: &Path, volume: &Volume) -> Result<()> {
-    if !has_creating_mark(host_path) {
+fn adopt_interrupted(host_path: &Path, mut volume: Volume) -> Result<Volume> {
+    if marked_for(host_path).as_deref() != Some(volume.id.to_string().as_str()) {
         bail!(
             "{} already exists; create never overwrites a file (use `sparse-volume register` to adopt it)",
             host_path.display()
@@ -453,7 +656,12 @@ fn adopt_interrupted(host_path: &Path, volume: &Volume) -> Result<()> {
     let file = open_backing_file(host_path, true)?;
     let content = probe(&file)?;
     let length = file.metadata()?.len();
-    let expected = identifies(&content, &volume.mode, volume.id.uuid())
+    // The header's UUID was chosen by the create that was interrupted
+    // (which renames the file into place only once it is whole).
+    if let (Some(encryption), Content::Luks2 { uuid }) = (&mut volume.encryption, &content) {
+        encryption.luks_uuid = *uuid;
+    }
+    let expected = volume.identity().is_held_by(&content)
         && content.works_with_sector_size(volume.sector_size);
     if !expected || length != volume.size {
         bail!(
@@ -462,7 +670,7 @@ fn adopt_interrupted(host_path: &Path, volume: &Volume) -> Result<()> {
             content.describe()
         );
     }
-    Ok(())
+    Ok(volume)
 }
 
 /// A leftover of an earlier crash of this same create: never renamed, so
@@ -485,7 +693,7 @@ fn remove_stale_temporary(registry: &Registry, temporary: &Path) -> Result<()> {
     fs::remove_file(temporary).with_context(|| format!("removing stale {}", temporary.display()))
 }
 
-fn make_backing_file(temporary: &Path, volume: &Volume) -> Result<()> {
+fn make_backing_file(temporary: &Path, volume: &Volume, secrets: Option<&Secrets>) -> Result<()> {
     let file = OpenOptions::new()
         .read(true)
         .write(true)
@@ -496,12 +704,17 @@ fn make_backing_file(temporary: &Path, volume: &Volume) -> Result<()> {
         .with_context(|| format!("creating {}", temporary.display()))?;
     // From here on the file is ours (made with O_EXCL under the registry
     // lock): a failure must not leave it for `check` to find.
-    fill_backing_file(&file, temporary, volume).inspect_err(|_| {
+    fill_backing_file(&file, temporary, volume, secrets).inspect_err(|_| {
         let _ = fs::remove_file(temporary);
     })
 }
 
-fn fill_backing_file(file: &File, temporary: &Path, volume: &Volume) -> Result<()> {
+fn fill_backing_file(
+    file: &File,
+    temporary: &Path,
+    volume: &Volume,
+    secrets: Option<&Secrets>,
+) -> Result<()> {
     set_creating_mark(file, &volume.id);
     if volume.preallocated {
         tracing::info!(
@@ -519,11 +732,21 @@ fn fill_backing_file(file: &File, temporary: &Path, volume: &Volume) -> Result<(
     allocate(file, volume.size, volume.preallocated)
         .with_context(|| format!("sizing {}", temporary.display()))?;
     hooks::crash_at(Crash::CreateAfterAllocate);
-    match &volume.mode {
-        Mode::Filesystem {
-            fs_type,
-            mkfs_options,
-        } => {
+    match (&volume.mode, &volume.encryption, secrets) {
+        (Mode::Filesystem { .. }, Some(encryption), Some(secrets)) => {
+            fill_encrypted(temporary, volume, encryption, secrets)?;
+        }
+        (Mode::Filesystem { .. } | Mode::Block, Some(_), None) => {
+            bail!("an encrypted volume is made with its key file")
+        }
+        (
+            Mode::Filesystem {
+                fs_type,
+                mkfs_options,
+            },
+            None,
+            _,
+        ) => {
             make_filesystem(
                 temporary,
                 *fs_type,
@@ -536,11 +759,11 @@ fn fill_backing_file(file: &File, temporary: &Path, volume: &Volume) -> Result<(
             let content = probe(file)?;
             // An mkfs option (-U, -m uuid=) can override the UUID: such a
             // volume would never attach under its own name.
-            if !identifies(&content, &volume.mode, volume.id.uuid()) {
+            if !volume.identity().is_held_by(&content) {
                 bail!(
                     "mkfs made {}, not {}; the mkfs options must not set the UUID",
                     content.describe(),
-                    expected_content(&volume.mode, volume.id.uuid())
+                    volume.identity().describe()
                 );
             }
             if !content.works_with_sector_size(volume.sector_size) {
@@ -551,7 +774,10 @@ fn fill_backing_file(file: &File, temporary: &Path, volume: &Volume) -> Result<(
                 );
             }
         }
-        Mode::Block => {
+        (Mode::Block, Some(_), Some(_)) => {
+            bail!("encrypted block volumes are not supported yet")
+        }
+        (Mode::Block, None, _) => {
             tracing::info!(progress = true, "writing the partition table");
             gpt_layout::write_new(file, volume.id.uuid(), volume.sector_size)
                 .with_context(|| format!("partitioning {}", temporary.display()))?;
@@ -560,6 +786,72 @@ fn fill_backing_file(file: &File, temporary: &Path, volume: &Volume) -> Result<(
     hooks::crash_at(Crash::CreateAfterFormat);
     file.sync_all()
         .with_context(|| format!("syncing {}", temporary.display()))
+}
+
+/// An encrypted volume's content: the LUKS2 header with the key file and
+/// the recovery key enrolled, then the file system made inside through a
+/// mapping opened for the purpose (cryptsetup binds a loop device of its
+/// own for the file, released when the mapping closes).
+fn fill_encrypted(
+    temporary: &Path,
+    volume: &Volume,
+    encryption: &Encryption,
+    secrets: &Secrets,
+) -> Result<()> {
+    let Mode::Filesystem {
+        fs_type,
+        mkfs_options,
+    } = &volume.mode
+    else {
+        bail!("encrypted block volumes are not supported yet");
+    };
+    let name = mapping_name(&volume.id);
+    if dm_crypt::exists(&name) {
+        bail!(
+            "a device-mapper device named {name} exists already (left by an interrupted create of this volume?); `cryptsetup close {name}`, then create again"
+        );
+    }
+    luks::format(
+        temporary,
+        encryption.luks_uuid,
+        volume.sector_size,
+        &secrets.key_file,
+    )?;
+    luks::enroll_recovery_key(temporary, &secrets.key_file, &secrets.recovery_key)?;
+    dm_crypt::open(
+        temporary,
+        &name,
+        &secrets.key_file,
+        dm_crypt::OpenOptions {
+            read_only: false,
+            allow_discards: !volume.preallocated,
+        },
+    )?;
+    let opened = dm_crypt::mapper_path(&name);
+    let made = make_filesystem(
+        &opened,
+        *fs_type,
+        volume.id.uuid(),
+        volume.sector_size,
+        mkfs_options,
+    )
+    .and_then(|()| {
+        let inside = volume.identity().inside();
+        let content =
+            probe(&File::open(&opened).with_context(|| format!("opening {}", opened.display()))?)?;
+        if !inside.is_held_by(&content) {
+            bail!(
+                "mkfs made {}, not {}; the mkfs options must not set the UUID",
+                content.describe(),
+                inside.describe()
+            );
+        }
+        Ok(())
+    });
+    // Closed whatever happened: the backing file is removed after a failure.
+    let closed = dm_crypt::close(&name);
+    made?;
+    closed
 }
 
 /// The backing device's logical block size, so that the loop device can

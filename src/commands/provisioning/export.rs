@@ -14,6 +14,7 @@ use serde::Serialize;
 use crate::commands::provisioning::clone::copy::{copy_consistently, unnamed_file_beside, InUse};
 use crate::commands::report::{Failure, Outcome, Report};
 use crate::engine::capacity;
+use crate::engine::encryption::refuse_if_encrypted;
 use crate::kernel::file_clone::data_ranges;
 use crate::kernel::file_clone::reflink;
 use crate::kernel::files::{name_unnamed, unnamed_file_in, ExclusiveLock, WriteBehind};
@@ -21,7 +22,7 @@ use crate::registry::{Registry, Volume};
 use crate::volume::archive::{Manifest, Writer, FORMAT, VERSION};
 use crate::volume::backing_file::open_backing_file;
 use crate::volume::id::VolumeId;
-use crate::volume::probe::{expected_content, identifies, probe};
+use crate::volume::probe::probe;
 use crate::volume::size::format_size;
 use crate::volume::spec::Mode;
 
@@ -102,16 +103,17 @@ fn instant_of(
     // the instant is taken).
     let registry_lock = registry.lock()?;
     let volume = registry.require(&request.volume)?;
+    refuse_if_encrypted(&volume, "export")?;
     let path = registry.root().host_path(&volume.path);
     let lock = Registry::volume_lock(registry.root(), &volume.id)?;
     let file = open_backing_file(&path, true)?;
     let content = probe(&file)?;
-    if !identifies(&content, &volume.mode, volume.id.uuid()) {
+    if !volume.identity().is_held_by(&content) {
         bail!(
             "{} holds {}, not {}; not exporting it",
             path.display(),
             content.describe(),
-            expected_content(&volume.mode, volume.id.uuid())
+            volume.identity().describe()
         );
     }
     if file.metadata()?.len() != volume.size {

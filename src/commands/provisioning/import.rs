@@ -27,7 +27,7 @@ use crate::volume::archive::{data_checksum, ImageSums, Manifest, Reader, CHUNK a
 use crate::volume::backing_file::open_backing_file;
 use crate::volume::creating_mark::{clear_creating_mark, create_marked, creating_path};
 use crate::volume::id::VolumeId;
-use crate::volume::probe::{expected_content, identifies, probe};
+use crate::volume::probe::probe;
 use crate::volume::size::format_size;
 use crate::volume::spec::{FsType, Mode, ModeKind};
 
@@ -337,6 +337,7 @@ fn exported_volume(registry: &Registry, manifest: &Manifest) -> Result<Volume> {
         sector_size: manifest.sector_size,
         origin: None,
         replaces_unit: None,
+        encryption: None,
     };
     Ok(volume)
 }
@@ -371,10 +372,10 @@ fn write_image(
     hooks::crash_at(Crash::ImportAfterData);
     let content = probe(&file)?;
     ensure!(
-        identifies(&content, &exported.mode, exported.id.uuid()),
+        exported.identity().is_held_by(&content),
         "the exported image holds {}, not {}",
         content.describe(),
-        expected_content(&exported.mode, exported.id.uuid())
+        exported.identity().describe()
     );
     if volume.id != exported.id {
         let consumer_fs = consumer_file_system(&file, exported)?;

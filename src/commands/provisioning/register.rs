@@ -18,7 +18,7 @@ use crate::kernel::block_device::backing_logical_block_size;
 use crate::registry::{check_path, check_size, Registry, Volume};
 use crate::volume::backing_file::open_backing_file;
 use crate::volume::id::VolumeId;
-use crate::volume::probe::{identifies, probe, Content};
+use crate::volume::probe::{probe, Content, Identity};
 use crate::volume::size::format_size;
 use crate::volume::spec::{FsType, Mode, DEFAULT_SECTOR_SIZE};
 
@@ -275,7 +275,7 @@ fn adopt(registry: &Registry, request: &RegisterRequest) -> Result<RegisterRepor
     let content = probe(&file)?;
     let mode = adopted_mode(&content, request.mode)
         .map_err(|what| anyhow::anyhow!("backing file {} holds {what}", host_path.display()))?;
-    if !identifies(&content, &mode, id.uuid()) {
+    if !Identity::plain(&mode, id.uuid()).is_held_by(&content) {
         bail!(
             "backing file {} holds {}, which does not carry the volume UUID {id} (is it the file or the UUID you meant?)",
             host_path.display(),
@@ -297,6 +297,7 @@ fn adopt(registry: &Registry, request: &RegisterRequest) -> Result<RegisterRepor
         sector_size,
         origin: None,
         replaces_unit: request.replaces_unit.clone(),
+        encryption: None,
     };
     volume.validate()?;
     if let Some(unit) = &request.replaces_unit {

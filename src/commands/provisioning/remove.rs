@@ -18,12 +18,13 @@ use crate::engine::detach::detach_locked;
 use crate::hooks::{self, Crash};
 use crate::kernel::files::sync_dir;
 use crate::kernel::loop_device::{devices_backed_by, devices_of_file};
+use crate::registry::paths::{SystemRoot, KEYS_DIR};
 use crate::registry::{NoSuchVolume, Registry, ResolvedBy, Volume};
 use crate::volume::backing_file::open_backing_file;
 use crate::volume::creating_mark::clear_creating_mark;
 use crate::volume::id::VolumeId;
 use crate::volume::kept_mark::set_kept_mark;
-use crate::volume::probe::{probe, require_identity};
+use crate::volume::probe::probe;
 
 #[derive(Debug, Serialize)]
 pub struct RemoveReport {
@@ -178,6 +179,7 @@ pub fn remove_volume(
     if delete_data {
         data_deleted = delete_backing_file(&volume, &host_path)?;
         sync_dir(directory)?;
+        delete_own_key_file(root, &volume)?;
     } else if host_path.exists() {
         // Kept on purpose: it must never look like an interrupted create,
         // nor like a volume whose registry file was lost.
@@ -230,6 +232,25 @@ fn delete_backing_file(volume: &Volume, host_path: &Path) -> Result<bool> {
     Ok(true)
 }
 
+/// With its data gone, the key file `create --encrypt` made for the volume
+/// opens nothing: it goes too (the recovery key still opens any copy of
+/// the data). A key file of the operator's (`--key-file`) is theirs.
+fn delete_own_key_file(root: &SystemRoot, volume: &Volume) -> Result<()> {
+    let Some(encryption) = &volume.encryption else {
+        return Ok(());
+    };
+    let own = Path::new(KEYS_DIR).join(format!("{}.key", volume.id));
+    if encryption.key_file != own {
+        return Ok(());
+    }
+    let host = root.host_path(&own);
+    match std::fs::remove_file(&host) {
+        Ok(()) => sync_dir(&root.host_path(KEYS_DIR)),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(e).with_context(|| format!("deleting key file {}", host.display())),
+    }
+}
+
 /// The backing file, opened, if its content carries the volume UUID;
 /// `None` when there is no file; an error naming what it holds otherwise.
 fn verify_identity(volume: &Volume, host_path: &Path) -> Result<Option<std::fs::File>> {
@@ -239,7 +260,9 @@ fn verify_identity(volume: &Volume, host_path: &Path) -> Result<Option<std::fs::
         Err(e) => return Err(e.context("not deleting the backing file")),
     };
     let content = probe(&file).with_context(|| format!("reading {}", host_path.display()))?;
-    require_identity(&content, &volume.mode, volume.id.uuid(), host_path)
+    volume
+        .identity()
+        .require_in(&content, host_path)
         .context("not deleting it; the volume stays registered")?;
     Ok(Some(file))
 }

@@ -5,7 +5,7 @@
 
 use std::fs::File;
 use std::os::unix::fs::MetadataExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
 use serde::Serialize;
@@ -13,9 +13,11 @@ use serde::Serialize;
 use crate::commands::report::{Failure, Outcome, Report};
 use crate::engine::capacity;
 use crate::engine::detach::detach_device;
+use crate::engine::encryption::mapping_name;
 use crate::hooks::{self, Crash};
 use crate::kernel::capabilities::{has_effective, CAP_SYS_ADMIN, CAP_SYS_RESOURCE};
-use crate::kernel::holders::mounts_of_loop;
+use crate::kernel::dm_crypt;
+use crate::kernel::holders::{mounts_of_device, mounts_of_loop};
 use crate::kernel::loop_device::{self, BindOptions, LoopDevice};
 use crate::registry::paths::SystemRoot;
 use crate::registry::run_dir;
@@ -193,7 +195,8 @@ pub fn grow(
         );
     }
 
-    refuse_what_would_fail_half_way(&volume, &devices)?;
+    let fs_device = file_system_device(&volume, &devices)?;
+    refuse_what_would_fail_half_way(&volume, fs_device.as_ref())?;
 
     if dry_run {
         return Ok(report(true, device_paths(&devices)));
@@ -211,7 +214,14 @@ pub fn grow(
     let finished = (|| {
         file.sync_all().context("syncing the grown backing file")?;
         hooks::crash_at(Crash::ResizeAfterFile);
-        grow_what_the_file_holds(root, &volume, &file, &host_path, &devices)?;
+        grow_what_the_file_holds(
+            root,
+            &volume,
+            &file,
+            &host_path,
+            &devices,
+            fs_device.as_ref(),
+        )?;
         hooks::crash_at(Crash::ResizeBeforeRegistry);
         volume.size = size;
         registry.put(&volume)
@@ -228,6 +238,7 @@ fn grow_what_the_file_holds(
     file: &File,
     host_path: &Path,
     devices: &[u32],
+    fs_device: Option<&FileSystemDevice>,
 ) -> Result<()> {
     for &number in devices {
         LoopDevice::open(number, false)?.refresh_capacity()?;
@@ -237,6 +248,13 @@ fn grow_what_the_file_holds(
             loop_device::forbid_discards(number)?;
         }
     }
+    if let Some(encryption) = &volume.encryption {
+        tracing::info!(progress = true, "growing the encrypted mapping");
+        dm_crypt::resize(
+            &mapping_name(&volume.id),
+            &root.host_path(&encryption.key_file),
+        )?;
+    }
     match &volume.mode {
         Mode::Block => {
             tracing::info!(progress = true, "growing the partition");
@@ -244,7 +262,7 @@ fn grow_what_the_file_holds(
         }
         Mode::Filesystem { fs_type, .. } => {
             tracing::info!(progress = true, "growing the {fs_type} file system");
-            grow_filesystem(root, volume, *fs_type, file, host_path, devices)
+            grow_filesystem(root, volume, *fs_type, file, host_path, fs_device)
         }
     }
 }
@@ -252,13 +270,14 @@ fn grow_what_the_file_holds(
 /// A file system tool that the kernel will refuse leaves the file grown
 /// and the file system not: said before anything grows (and in the dry
 /// run), with the way that works.
-fn refuse_what_would_fail_half_way(volume: &Volume, devices: &[u32]) -> Result<()> {
+fn refuse_what_would_fail_half_way(
+    volume: &Volume,
+    fs_device: Option<&FileSystemDevice>,
+) -> Result<()> {
     let Mode::Filesystem { fs_type, .. } = &volume.mode else {
         return Ok(());
     };
-    let mounted = devices
-        .first()
-        .and_then(|&n| mounts_of_loop(n).into_iter().next().map(|(_, point)| point));
+    let mounted = fs_device.and_then(|d| d.mounted.clone());
     match (fs_type, mounted) {
         (FsType::Ext4, Some(point)) if !has_effective(CAP_SYS_RESOURCE) => bail!(
             "the ext4 mounted on {} grows online through the kernel, which asks for CAP_SYS_RESOURCE, and this process lacks it (a container?); nothing was changed: unmount it and run the command again (it then grows offline), or run it with that capability",
@@ -299,29 +318,68 @@ fn grow_partition(file: &File, volume: &Volume, devices: &[u32]) -> Result<()> {
     Ok(())
 }
 
+/// The device a filesystem-mode volume's file system is read through, and
+/// where it is mounted: the loop device, or an encrypted volume's mapping
+/// over it.
+struct FileSystemDevice {
+    path: PathBuf,
+    mounted: Option<PathBuf>,
+}
+
+/// None for a volume that is not attached. An encrypted volume grows only
+/// attached and open (its file system is inside the mapping): refused
+/// before anything changes otherwise.
+fn file_system_device(volume: &Volume, devices: &[u32]) -> Result<Option<FileSystemDevice>> {
+    let Some(&number) = devices.first() else {
+        if volume.encryption.is_some() {
+            bail!(
+                "volume {} is encrypted and grows only while attached (its file system is inside the opened mapping); nothing was changed: attach it, then resize again",
+                volume.id
+            );
+        }
+        return Ok(None);
+    };
+    if volume.encryption.is_none() {
+        return Ok(Some(FileSystemDevice {
+            path: LoopDevice::path_of(number),
+            mounted: mounts_of_loop(number)
+                .into_iter()
+                .next()
+                .map(|(_, point)| point),
+        }));
+    }
+    let name = mapping_name(&volume.id);
+    let Some(kernel_name) = dm_crypt::mapping_on_loop(number, &name) else {
+        bail!(
+            "volume {} is encrypted and its mapping {name} is not open on /dev/loop{number}; nothing was changed: attach it (which opens it), then resize again",
+            volume.id
+        );
+    };
+    Ok(Some(FileSystemDevice {
+        path: dm_crypt::mapper_path(&name),
+        mounted: mounts_of_device(&kernel_name).into_iter().next(),
+    }))
+}
+
 fn grow_filesystem(
     root: &SystemRoot,
     volume: &Volume,
     fs_type: FsType,
     file: &File,
     host_path: &Path,
-    devices: &[u32],
+    fs_device: Option<&FileSystemDevice>,
 ) -> Result<()> {
-    let attached = devices.first().copied();
-    let mounted =
-        attached.and_then(|n| mounts_of_loop(n).into_iter().next().map(|(_, point)| point));
-    match (fs_type, attached, mounted) {
-        (FsType::Ext4, Some(number), Some(_)) => {
-            grow_mounted_ext4(&LoopDevice::path_of(number))?;
+    let mounted = fs_device.and_then(|d| d.mounted.clone());
+    match (fs_type, fs_device, mounted) {
+        (FsType::Ext4, Some(device), Some(_)) => {
+            grow_mounted_ext4(&device.path)?;
             // The kernel grew it whole: an old mark vouches for nothing now.
             clear_growing_mark(file)
         }
-        (FsType::Ext4, Some(number), None) => {
-            grow_unmounted_ext4(&LoopDevice::path_of(number), file)
-        }
+        (FsType::Ext4, Some(device), None) => grow_unmounted_ext4(&device.path, file),
         (FsType::Ext4, None, _) => grow_unmounted_ext4(host_path, file),
         (FsType::Xfs, _, Some(point)) => grow_mounted_xfs(&point),
-        (FsType::Xfs, Some(number), None) => grow_xfs_privately_mounted(root, number),
+        (FsType::Xfs, Some(device), None) => grow_xfs_privately_mounted(root, &device.path),
         (FsType::Xfs, None, None) => {
             // xfs grows only while mounted: attach for the duration.
             let bound = loop_device::bind_to_free_device(
@@ -344,7 +402,7 @@ fn grow_filesystem(
             let grown =
                 loop_device::release_at_last_close(bound.number, file).and_then(|_holder| {
                     hooks::crash_at(Crash::ResizeXfsDeviceBound);
-                    grow_xfs_privately_mounted(root, bound.number)
+                    grow_xfs_privately_mounted(root, &LoopDevice::path_of(bound.number))
                 });
             // Usually the release came first and detach finds nothing
             // left to do, nor to renew.
@@ -357,9 +415,9 @@ fn grow_filesystem(
 
 /// The mount point is shared by every grow and never removed: each mount
 /// lives in its own tool's mount namespace (mkfs::grow_unmounted_xfs).
-fn grow_xfs_privately_mounted(root: &SystemRoot, number: u32) -> Result<()> {
+fn grow_xfs_privately_mounted(root: &SystemRoot, device: &Path) -> Result<()> {
     let mount_point = run_dir::ensure(root)?.join("grow");
     std::fs::create_dir_all(&mount_point)
         .with_context(|| format!("creating {}", mount_point.display()))?;
-    grow_unmounted_xfs(&LoopDevice::path_of(number), &mount_point)
+    grow_unmounted_xfs(device, &mount_point)
 }

@@ -31,6 +31,9 @@ impl Report for AttachReport {
                 self.device.display()
             )
         };
+        if let Some(opened) = &self.opened {
+            text.push_str(&format!(", opened as {}", opened.display()));
+        }
         if self.link_state == "no-udev" {
             text.push_str(&format!(
                 " (udev is not running: not waiting for {})",

@@ -26,7 +26,15 @@ impl Report for DetachReport {
             .iter()
             .map(|d| d.display().to_string())
             .collect();
-        format!("detached {} ({})", self.uuid, devices.join(", "))
+        match &self.closed {
+            Some(mapping) => format!(
+                "detached {} ({}; closed {} first)",
+                self.uuid,
+                devices.join(", "),
+                mapping.display()
+            ),
+            None => format!("detached {} ({})", self.uuid, devices.join(", ")),
+        }
     }
 
     fn planned(&self) -> String {

@@ -322,6 +322,7 @@ impl Converge<'_> {
                 sector_size: desired.sector_size,
                 now: false,
                 dry_run: self.dry_run,
+                encryption: None,
             },
         )?;
         let id: VolumeId = created
@@ -352,6 +353,7 @@ impl Converge<'_> {
                 sector_size: created.sector_size,
                 origin: None,
                 replaces_unit: None,
+                encryption: None,
             }
         } else {
             registry.require(&id)?
@@ -455,6 +457,7 @@ impl Converge<'_> {
                         sector_size: report.sector_size,
                         origin: None,
                         replaces_unit: None,
+                        encryption: None,
                     })
                 }
             }

@@ -19,6 +19,7 @@ use self::copy::{copy_consistently, Copied, InUse};
 use crate::commands::report::{Failure, Outcome, Report};
 use crate::engine::activate::bring_up_now;
 use crate::engine::capacity;
+use crate::engine::encryption::refuse_if_encrypted;
 use crate::engine::identity::{consumer_file_system, renew_identity};
 use crate::hooks::{self, Crash};
 use crate::kernel::files::sync_dir;
@@ -26,7 +27,7 @@ use crate::registry::{check_path, Registry, Volume};
 use crate::volume::backing_file::open_backing_file;
 use crate::volume::creating_mark::{clear_creating_mark, create_marked, creating_path};
 use crate::volume::id::VolumeId;
-use crate::volume::probe::{expected_content, identifies, probe};
+use crate::volume::probe::probe;
 use crate::volume::spec::{FsType, Mode};
 
 #[derive(Debug, Clone)]
@@ -180,6 +181,7 @@ pub fn clone_volume(registry: &Registry, request: &CloneRequest) -> Result<(Clon
     // queued first must not leave the clone recorded at the old size.
     let _registry_lock = registry.lock()?;
     let source = registry.require(&request.source)?;
+    refuse_if_encrypted(&source, "cloning")?;
     let clone = clone_of(registry, &source, request)?;
     let report = |changed: bool, volume: &Volume, made: Option<&Made>| CloneReport {
         changed,
@@ -273,6 +275,7 @@ fn clone_of(registry: &Registry, source: &Volume, request: &CloneRequest) -> Res
         read_only: request.read_only,
         origin: Some(source.id),
         replaces_unit: None,
+        encryption: None,
         // Shared or copied, a clone's extents are no reservation: it
         // takes space as it is written, like any sparse volume.
         preallocated: false,
@@ -310,12 +313,12 @@ fn copy_source(
     let source_lock = Registry::volume_lock(registry.root(), &source.id)?;
     let source_file = open_backing_file(&source_path, true)?;
     let content = probe(&source_file)?;
-    if !identifies(&content, &source.mode, source.id.uuid()) {
+    if !source.identity().is_held_by(&content) {
         bail!(
             "{} holds {}, not {}; not cloning it (`sparse-volume check` says more)",
             source_path.display(),
             content.describe(),
-            expected_content(&source.mode, source.id.uuid())
+            source.identity().describe()
         );
     }
     let length = source_file.metadata()?.len();

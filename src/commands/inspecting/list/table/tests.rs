@@ -58,6 +58,7 @@ fn volume(spec: Spec) -> VolumeInfo {
         name: spec.name.map(str::to_string),
         origin: None,
         replaces_unit: None,
+        encryption: None,
         mode: if block { "block" } else { "filesystem" },
         fs_type: spec.fs.map(str::to_string),
         size: spec.size,
