@@ -16,11 +16,10 @@ use crate::volume::probe::probe;
 use crate::volume::spec::Encryption;
 
 /// Where the recovery of a volume whose key is lost is described.
-pub const RECOVERY_GUIDE: &str = "docs/guide/encryption.md, \"Recovering a volume\"";
+pub const RECOVERY_GUIDE: &str = "the encryption guide, \"Recovering a volume\": docs/guide/encryption.md, installed in /usr/share/doc/sparse-volume";
 
-/// Refuses what is not built for encrypted volumes yet (growing the
-/// mapping inside, a clone's new header identity, streams of ciphertext),
-/// rather than doing it half.
+/// Refuses what is not built for encrypted volumes yet (a clone's new
+/// header identity, streams of ciphertext), rather than doing it half.
 pub fn refuse_if_encrypted(volume: &Volume, what: &str) -> Result<()> {
     if volume.encryption.is_some() {
         bail!(

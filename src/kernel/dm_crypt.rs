@@ -39,7 +39,15 @@ pub fn open(device: &Path, name: &str, key_file: &Path, options: OpenOptions) ->
     }
     args.push(device.into());
     args.push(name.into());
-    run("cryptsetup", args)
+    // cryptsetup's own reason ("No key available with this passphrase")
+    // names neither the device nor the key tried.
+    run("cryptsetup", args).with_context(|| {
+        format!(
+            "opening {} as {name} with key file {}",
+            device.display(),
+            key_file.display()
+        )
+    })
 }
 
 /// Opening the control node loads `dm_mod` where it is a module; a kernel

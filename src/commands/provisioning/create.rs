@@ -492,7 +492,7 @@ fn check_operators_key_file(key_file: &Path) -> Result<()> {
     }
     if meta.uid() != 0 || meta.mode() & 0o077 != 0 {
         bail!(
-            "key file {} must belong to root and be readable by nobody else (it is owned by uid {} with mode {:04o}); chmod 0400 it",
+            "key file {} must belong to root and be readable by nobody else (it is owned by uid {} with mode {:04o}); chown root and chmod 0400 it",
             key_file.display(),
             meta.uid(),
             meta.mode() & 0o7777
