@@ -336,15 +336,7 @@ pub fn create_volume(registry: &Registry, request: &CreateRequest) -> Result<Cre
             ));
         }
         // Its recovery key was never shown: a new one takes its slot.
-        let recovery_key = match &volume.encryption {
-            Some(encryption) => {
-                let recovery_key = luks::new_recovery_key()?;
-                let key_file = root.host_path(&encryption.key_file);
-                luks::replace_recovery_key(&host_path, &key_file, &recovery_key)?;
-                Some(recovery_key)
-            }
-            None => None,
-        };
+        let recovery_key = renew_recovery_key(root, &host_path, &volume)?;
         registry.put(&volume)?;
         clear_creating_mark(&host_path)?;
         let mut adopted = report(
@@ -509,17 +501,26 @@ fn finish_registered(root: &SystemRoot, volume: &Volume) -> Result<Option<String
     if !has_creating_mark(&host_path) {
         return Ok(None);
     }
-    let recovery_key = match &volume.encryption {
-        Some(encryption) => {
-            let recovery_key = luks::new_recovery_key()?;
-            let key_file = root.host_path(&encryption.key_file);
-            luks::replace_recovery_key(&host_path, &key_file, &recovery_key)?;
-            Some(recovery_key)
-        }
-        None => None,
-    };
+    let recovery_key = renew_recovery_key(root, &host_path, volume)?;
     clear_creating_mark(&host_path)?;
     Ok(recovery_key)
+}
+
+/// A new recovery key in an encrypted volume's recovery keyslot, for a
+/// create that enrolled one but never got to show it; None when the
+/// volume is not encrypted.
+fn renew_recovery_key(
+    root: &SystemRoot,
+    host_path: &Path,
+    volume: &Volume,
+) -> Result<Option<String>> {
+    let Some(encryption) = &volume.encryption else {
+        return Ok(None);
+    };
+    let recovery_key = luks::new_recovery_key()?;
+    let key_file = root.host_path(&encryption.key_file);
+    luks::replace_recovery_key(host_path, &key_file, &recovery_key)?;
+    Ok(Some(recovery_key))
 }
 
 fn ensure_same_spec(existing: &Volume, request: &CreateRequest, size: u64) -> Result<()> {
