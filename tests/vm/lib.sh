@@ -29,6 +29,7 @@ SV_VM_LIB_DIR=$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")" && pwd)
 : "${SV_VM_REBOOT_TIMEOUT:=180}"   # s for a reboot cycle
 : "${SV_VM_STOP_TIMEOUT:=60}"      # s for a clean poweroff before qemu is killed
 : "${SV_VM_APPEND:=}"              # extra kernel command line, e.g. systemd.log_level=debug
+: "${SV_VM_EXTRA_PACKAGES:=}"      # more Debian packages in an image of its own, e.g. "fio"
 : "${SV_VM_SERIAL_TAIL:=40}"       # lines of serial console shown on failure
 : "${SV_VM_KEEP:=0}"               # 1: vm_cleanup keeps the run directory
 
@@ -93,10 +94,21 @@ vm__recipe_key() {
         vm_log "ERROR: SV_VM_SUITE must be a Debian code name such as bookworm or trixie, not '$SV_VM_SUITE'"
         return 1
     }
+    [[ $SV_VM_EXTRA_PACKAGES =~ ^[a-z0-9.+-]*( [a-z0-9.+-]+)*$ ]] || {
+        vm_log "ERROR: SV_VM_EXTRA_PACKAGES must be Debian package names separated by spaces, not '$SV_VM_EXTRA_PACKAGES'"
+        return 1
+    }
     local hash
-    hash=$( (cd -- "$SV_VM_LIB_DIR" && sha256sum build-image.sh packages.txt) |
+    hash=$( (cd -- "$SV_VM_LIB_DIR" && sha256sum build-image.sh packages.txt &&
+        if [[ -n $SV_VM_EXTRA_PACKAGES ]]; then echo "$SV_VM_EXTRA_PACKAGES"; fi) |
         sha256sum | cut -c1-16) || return 1
-    echo "$SV_VM_SUITE-$hash"
+    # An image with extra packages (a benchmark's) has a name of its own,
+    # so it never replaces, nor is pruned as, the suite's test image.
+    if [[ -n $SV_VM_EXTRA_PACKAGES ]]; then
+        echo "$SV_VM_SUITE+${SV_VM_EXTRA_PACKAGES// /+}-$hash"
+    else
+        echo "$SV_VM_SUITE-$hash"
+    fi
 }
 
 vm__use_image() {
@@ -147,14 +159,19 @@ vm_image_build() {
 
 # Images of older recipes of the same release are never booted again; at
 # ~0.5 GB each they would pile up on a machine that keeps its cache. The
-# other releases' images stay. Called under the lock.
+# other releases' images stay, and so does every image with extra packages
+# when the test image is built, and the reverse. Called under the lock.
 vm__prune_images() {
     local keep=$1 old name
     for old in "$SV_VM_CACHE"/*; do
         name=${old##*/}
         # Unprefixed names are images of recipes older than the release prefix.
         [[ -d $old && $name != "$keep" ]] || continue
-        [[ $name =~ ^${SV_VM_SUITE}-[0-9a-f]{16}$ || $name =~ ^[0-9a-f]{16}$ ]] || continue
+        if [[ -n $SV_VM_EXTRA_PACKAGES ]]; then
+            [[ $name == "${keep%-*}-"* ]] || continue
+        else
+            [[ $name =~ ^${SV_VM_SUITE}-[0-9a-f]{16}$ || $name =~ ^[0-9a-f]{16}$ ]] || continue
+        fi
         vm_log "image: removing the outdated image $old"
         rm -rf --one-file-system -- "$old"
     done
@@ -179,10 +196,20 @@ vm__build_locked() {
         vm__remove_tree "$old"
     done
     tmp=$(mktemp -d "$SV_VM_CACHE/.build-$hash.XXXXXX") || return 1
-    if ! SV_VM_SUITE=$SV_VM_SUITE bash "$SV_VM_LIB_DIR/build-image.sh" "$tmp"; then
+    local recipe=$SV_VM_LIB_DIR
+    if [[ -n $SV_VM_EXTRA_PACKAGES ]]; then
+        # The recipe with the extra packages appended, beside a copy of the
+        # script and the library it sources (it reads packages.txt beside itself).
+        recipe=$tmp.recipe
+        mkdir -p -- "$recipe" && cp -- "$SV_VM_LIB_DIR/build-image.sh" "$SV_VM_LIB_DIR/lib.sh" "$SV_VM_LIB_DIR/packages.txt" "$recipe/" &&
+            printf '%s\n' $SV_VM_EXTRA_PACKAGES >>"$recipe/packages.txt" || return 1
+    fi
+    if ! SV_VM_SUITE=$SV_VM_SUITE bash "$recipe/build-image.sh" "$tmp"; then
+        [[ $recipe == "$SV_VM_LIB_DIR" ]] || rm -rf -- "$recipe"
         vm__remove_tree "$tmp"
         return 1
     fi
+    [[ $recipe == "$SV_VM_LIB_DIR" ]] || rm -rf -- "$recipe"
     if [[ -e $dir ]]; then
         old=$SV_VM_CACHE/.old-$hash.$$
         mv -T -- "$dir" "$old" || return 1
