@@ -31,12 +31,15 @@
 # distribution brings, only on our code: boot 2 (a config.toml that does
 # not parse: what the generator logs), the detach by udev link, the
 # metrics phase, boot 4 (sparse_volume=off), the README's commands (the
-# README's platform is Debian 12) and the MetalK8s take-over
+# README's platform is Debian 12), the clone and export (our copy and
+# checksum code on an ext4 root without reflink), the reports' device
+# truth (the loop driver's answers: the Debian 12 guest's 6.1 kernel and
+# this host's newer one are the ends that differ) and the MetalK8s take-over
 # (proven on both guests when it was built; its systemd side, D-Bus
 # calls and a generator's mask, behaves alike in systemd 252 and 257). Whatever meets systemd,
 # udev, the kernel, util-linux or dpkg still runs: setup, the partition
-# check, boots 1 and 3 (after purge and a fresh install), consumers,
-# device truth, systemd commands, unit states and the package phase.
+# check, boots 1 and 3 (after purge and a fresh install), encrypted
+# volumes, consumers, systemd commands, unit states and the package phase.
 # SV_VM_QUICK=1 runs only setup, unit-states and the boots with the
 # emergency switches (for work on those steps; not a test run).
 # Exit status 75: the guest's kernel panicked (the oops is printed).
@@ -155,8 +158,8 @@ vm_copy_in "$previous" /root/previous/
 vm_ssh "dpkg-deb -f /root/previous/${previous##*/} Version >/root/previous/version && dpkg -i /root/previous/${previous##*/}" </dev/null
 phase "setup, on the last release's package" setup
 phase "upgrade from the last release with volumes attached and mounted" upgrade-from-previous
-phase "a clone of the mounted consumer, under its own identity" clone
 if [[ $scope == full ]]; then
+    phase "a clone of the mounted consumer, under its own identity" clone
     phase "MetalK8s-style volumes taken over with their consumers mounted" take-over
 fi
 if [[ ${SV_VM_QUICK:-0} == 1 ]]; then
@@ -184,8 +187,8 @@ else
     phase "verify after reboot 1" verify 1
     phase "encrypted volumes after reboot 1: unlocked unattended, the shutdown's order" encrypted-check 1
     phase "consumers of sparse-volumes.target" consumers
-    phase "reports tell the device's truth" device-truth
     if [[ $scope == full ]]; then
+        phase "reports tell the device's truth" device-truth
         phase "a config.toml that does not parse and an unknown key in a volume file for boot 2" prepare-boot 2
         restart_checked 2 "a config.toml that does not parse, an unknown key in a volume file"
         phase "verify after boot 2" verify 2
