@@ -141,6 +141,8 @@ stage() {
         "$TOP/units/$NAME@.service" "$TOP/units/sparse-volumes.target" \
         "$TOP/units/$NAME-metrics.service" "$TOP/units/$NAME-metrics.timer"
     install -D -m 0644 "$TOP/units/$NAME.tmpfiles" "$root/usr/lib/tmpfiles.d/$NAME.conf"
+    # After 99-systemd.rules, which it amends (see the file).
+    install -D -m 0644 "$TOP/units/$NAME.udev-rules" "$root/usr/lib/udev/rules.d/99-zz-$NAME.rules"
     install -D -m 0644 "$HERE/prometheus/$NAME-alerts.yml" \
         "$root/usr/share/$NAME/prometheus-alerts.yml"
     install -D -m 0644 "$HERE/grafana/$NAME-dashboard.json" \

@@ -888,3 +888,226 @@ fn a_repair_cannot_attach_again_what_disable_now_is_stopping() {
         String::from_utf8_lossy(&check.stdout)
     );
 }
+
+/// Whether this kernel can make device-mapper devices (an encrypted
+/// filesystem-mode create opens its header to make the file system).
+fn has_device_mapper() -> bool {
+    fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/mapper/control")
+        .is_ok()
+}
+
+/// What must be left after a create that failed: no backing file, no key
+/// file, no registry entry, nothing in the storage root.
+fn assert_nothing_made(fx: &Fixture, uuid: &str) {
+    assert!(!fx.backing(uuid).exists());
+    assert!(
+        !fx.host(&format!("/etc/sparse-volume/keys/{uuid}.key"))
+            .exists(),
+        "the key file it made is removed again"
+    );
+    assert!(!fx.registry_file(uuid).exists());
+    let leftovers: Vec<_> = fs::read_dir(fx.host("/var/lib/sparse-volume"))
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name())
+        .collect();
+    assert!(leftovers.is_empty(), "{leftovers:?}");
+}
+
+#[test]
+fn apply_encrypt_plans_an_encrypted_create_and_shows_its_recovery_key_once() {
+    needs_root!();
+    let fx = Fixture::new();
+    // Without a UUID the plan names the key file after the UUID to come.
+    let before = snapshot(&fx);
+    let unnamed = apply(
+        &fx,
+        r#"{"name": "vault", "size": "64M", "encrypt": true}"#,
+        true,
+    );
+    assert_eq!(snapshot(&fx), before, "the dry run made something");
+    assert_eq!(unnamed.code, 0, "{}", unnamed.stderr);
+    let plan = unnamed.json();
+    assert_eq!(
+        actions(&unnamed),
+        ["create an encrypted filesystem (ext4) volume of 64.0 MiB"]
+    );
+    assert_eq!(plan["after"]["encrypted"], true, "{plan}");
+    assert_eq!(
+        plan["after"]["key_file"], "/etc/sparse-volume/keys/<uuid>.key",
+        "{plan}"
+    );
+    assert!(plan["recovery_key"].is_null(), "a plan enrolls no key");
+    assert!(unnamed.stdout.contains("\"recovery_key\":null"));
+    // The same with flags, and in words.
+    let human = fx.run(&[
+        "apply",
+        "--name",
+        "vault",
+        "--size",
+        "64M",
+        "--encrypt",
+        "--dry-run",
+    ]);
+    assert!(
+        human
+            .stdout
+            .contains("vault would change: create an encrypted"),
+        "{}",
+        human.stdout
+    );
+
+    let uuid = new_uuid();
+    let document =
+        format!(r#"{{"name": "vault", "uuid": "{uuid}", "size": "64M", "encrypt": true}}"#);
+    let dry = apply(&fx, &document, true);
+    assert_eq!(
+        dry.json()["after"]["key_file"],
+        format!("/etc/sparse-volume/keys/{uuid}.key").as_str()
+    );
+    let real = apply(&fx, &document, false);
+    if has_device_mapper() {
+        assert_eq!(real.code, 0, "{}", real.stderr);
+        let report = real.json();
+        assert_eq!(report["actions"], dry.json()["actions"]);
+        assert_eq!(report["after"]["encrypted"], true);
+        assert_eq!(report["recovery_key"].as_str().map(str::len), Some(71));
+        let entry = registry_entry(&fx, &uuid);
+        assert!(entry.contains_key("luks_uuid"), "{entry:?}");
+        // Shown once: the same state again changes nothing and shows none.
+        let again = apply(&fx, &document, false);
+        assert_eq!(again.json()["changed"], false, "{}", again.stdout);
+        assert!(again.json()["recovery_key"].is_null(), "{}", again.stdout);
+        assert!(again.json()["before"]["encrypted"] == true);
+    } else {
+        // The file system is made through the opened header: this kernel
+        // cannot, and the create leaves nothing behind.
+        assert_eq!(real.code, 1, "{}", real.stdout);
+        assert!(
+            real.stderr.contains("this kernel offers no device-mapper"),
+            "{}",
+            real.stderr
+        );
+        assert_eq!(real.json()["changed"], false, "{}", real.stdout);
+        assert!(real.json()["recovery_key"].is_null(), "{}", real.stdout);
+        assert_nothing_made(&fx, &uuid);
+    }
+}
+
+#[test]
+fn apply_refuses_an_operators_key_file_others_can_read_in_the_plan_too() {
+    needs_root!();
+    let fx = Fixture::new();
+    let key = fx.host("/root/vault.key");
+    fs::create_dir_all(key.parent().unwrap()).unwrap();
+    fs::write(&key, [7u8; 64]).unwrap();
+    let uuid = new_uuid();
+    let document = format!(
+        r#"{{"name": "vault", "uuid": "{uuid}", "size": "64M", "encrypt": true,
+             "key_file": "/root/vault.key"}}"#
+    );
+    for mode in [0o644, 0o440] {
+        use std::os::unix::fs::PermissionsExt;
+        fs::set_permissions(&key, fs::Permissions::from_mode(mode)).unwrap();
+        let (_, refused) = apply_dry_then_real(&fx, &document);
+        assert_eq!(refused.code, 1, "{mode:o}: {}", refused.stdout);
+        assert!(
+            refused
+                .stderr
+                .contains("must belong to root and be readable by nobody else"),
+            "{}",
+            refused.stderr
+        );
+        assert!(!fx.backing(&uuid).exists());
+        assert!(!fx.registry_file(&uuid).exists());
+    }
+    // A key file is a path: with it, the plan names it (no default is made).
+    use std::os::unix::fs::PermissionsExt;
+    fs::set_permissions(&key, fs::Permissions::from_mode(0o400)).unwrap();
+    let plan = apply(&fx, &document, true);
+    assert_eq!(plan.code, 0, "{}", plan.stderr);
+    assert_eq!(plan.json()["after"]["key_file"], "/root/vault.key");
+    assert!(!fx.host("/etc/sparse-volume/keys").exists());
+    // A key file needs encrypt, on the command line as in a document.
+    let flags = fx.run(&[
+        "apply",
+        "--name",
+        "v",
+        "--size",
+        "64M",
+        "--key-file",
+        "/root/vault.key",
+    ]);
+    assert_eq!(flags.code, 2, "{}", flags.stderr);
+    let document = r#"{"name": "v", "size": "64M", "key_file": "/root/vault.key"}"#;
+    let refused = apply(&fx, document, false);
+    assert_eq!(refused.code, 2, "{}", refused.stderr);
+    assert!(
+        refused.stderr.contains("needs encrypt = true"),
+        "{}",
+        refused.stderr
+    );
+}
+
+#[test]
+fn an_existing_volumes_encryption_is_compared_like_the_rest_of_its_spec() {
+    needs_root!();
+    let fx = Fixture::new();
+    fx.run_ok(&["apply", "--name", "plain", "--size", "64M"]);
+    let (_, plain) = dry_then_real(&fx, &["apply", "--name", "plain", "--encrypt"]);
+    assert_eq!(plain.code, 1, "{}", plain.stdout);
+    assert!(
+        plain
+            .stderr
+            .contains("different spec that cannot be changed: not encrypted (asked to encrypt)"),
+        "{}",
+        plain.stderr
+    );
+    let said_plain = apply(&fx, r#"{"name": "plain", "encrypt": false}"#, false);
+    assert_eq!(said_plain.json()["changed"], false, "{}", said_plain.stderr);
+    assert_eq!(said_plain.json()["after"]["encrypted"], false);
+    assert!(said_plain.json()["after"]["key_file"].is_null());
+
+    // An encrypted volume as `create --encrypt` registers one (what apply
+    // compares is the registry's; no header is opened).
+    let uuid = new_uuid();
+    fx.sparse_file_of(&fx.backing(&uuid), 64 << 20);
+    let key_file = format!("/etc/sparse-volume/keys/{uuid}.key");
+    fx.register(
+        &uuid,
+        "filesystem",
+        &format!(
+            "name = \"sealed\"\nluks_uuid = \"{}\"\nkey_file = \"{key_file}\"\n",
+            new_uuid()
+        ),
+    );
+    let same = apply(
+        &fx,
+        &format!(r#"{{"name": "sealed", "encrypt": true, "key_file": "{key_file}"}}"#),
+        false,
+    );
+    assert_eq!(same.code, 0, "{}", same.stderr);
+    assert_eq!(same.json()["changed"], false, "{}", same.stdout);
+    assert_eq!(same.json()["before"]["encrypted"], true);
+    assert_eq!(same.json()["before"]["key_file"], key_file.as_str());
+    assert!(same.json()["recovery_key"].is_null());
+    for (document, difference) in [
+        (
+            r#"{"name": "sealed", "encrypt": false}"#.to_string(),
+            "encrypted (asked not to)".to_string(),
+        ),
+        (
+            r#"{"name": "sealed", "encrypt": true, "key_file": "/root/other.key"}"#.to_string(),
+            format!("key file {key_file} (asked /root/other.key)"),
+        ),
+    ] {
+        let before = fs::read_to_string(fx.registry_file(&uuid)).unwrap();
+        let (_, refused) = apply_dry_then_real(&fx, &document);
+        assert_eq!(refused.code, 1, "{document}: {}", refused.stdout);
+        assert!(refused.stderr.contains(&difference), "{}", refused.stderr);
+        assert_eq!(fs::read_to_string(fx.registry_file(&uuid)).unwrap(), before);
+    }
+}

@@ -423,3 +423,247 @@ fn resize_of_a_detached_encrypted_volume_is_refused_before_anything_grows() {
     let export = fx.run(&["export", &volume.uuid, "--output", "/dev/null"]);
     assert!(export.stderr.contains("is encrypted"), "{}", export.stderr);
 }
+
+/// Where partition 1 starts in a GPT written for `sector_size`-byte
+/// sectors, read here from the UEFI layout itself (not with the code under
+/// test): the header at LBA 1 names the LBA of the entry array, whose
+/// first entry's starting LBA is at byte 32.
+fn partition_start(file: &Path, sector_size: u64) -> u64 {
+    use std::os::unix::fs::FileExt;
+    let file = fs::File::open(file).unwrap();
+    let mut header = [0u8; 92];
+    file.read_exact_at(&mut header, sector_size).unwrap();
+    assert_eq!(
+        &header[..8],
+        b"EFI PART",
+        "no GPT for {sector_size}-byte sectors"
+    );
+    let entries_lba = u64::from_le_bytes(header[72..80].try_into().unwrap());
+    let mut first_lba = [0u8; 8];
+    file.read_exact_at(&mut first_lba, entries_lba * sector_size + 32)
+        .unwrap();
+    u64::from_le_bytes(first_lba) * sector_size
+}
+
+/// A loop device over partition 1 alone (this kernel makes no partition
+/// devices), for cryptsetup to read the header there; the caller detaches.
+fn partition_device(file: &Path, sector_size: u64) -> String {
+    let offset = partition_start(file, sector_size).to_string();
+    tool(
+        "losetup",
+        &[
+            "--find",
+            "--show",
+            "--offset",
+            &offset,
+            file.to_str().unwrap(),
+        ],
+    )
+    .trim()
+    .to_string()
+}
+
+#[test]
+fn an_encrypted_block_volume_has_its_header_inside_its_partition() {
+    needs_root!();
+    for sector_size in ["512", "4096"] {
+        encrypted_block_volume_of_sectors(sector_size);
+    }
+}
+
+fn encrypted_block_volume_of_sectors(sector_size: &str) {
+    let fx = Fixture::new();
+    let uuid = new_uuid();
+    // Block mode makes its header without device-mapper: this runs here.
+    let create = fx.run(&[
+        "create",
+        "--size",
+        "64M",
+        "--mode",
+        "block",
+        "--sector-size",
+        sector_size,
+        "--encrypt",
+        "--uuid",
+        &uuid,
+        "--json",
+    ]);
+    assert_eq!(create.code, 0, "{}", create.stderr);
+    let made = create.json();
+    let luks_uuid = made["luks_uuid"].as_str().expect("luks_uuid").to_string();
+    assert_ne!(luks_uuid, uuid);
+    let recovery_key = made["recovery_key"]
+        .as_str()
+        .expect("recovery_key")
+        .to_string();
+    let file = fx.backing(&uuid);
+    let key_file = fx.host(&format!("/etc/sparse-volume/keys/{uuid}.key"));
+
+    let device = partition_device(&file, sector_size.parse().unwrap());
+    let seen_uuid = tool("cryptsetup", &["luksUUID", &device]);
+    let dump = tool("cryptsetup", &["luksDump", &device]);
+    let opens_with_key_file = key_file_opens(&device, &key_file);
+    let opens_with_recovery_key = opens_with(&device, &recovery_key);
+    // The recovery keyslot goes: `check` must see it through its own copy.
+    tool(
+        "cryptsetup",
+        &[
+            "luksKillSlot",
+            "--batch-mode",
+            "--key-file",
+            key_file.to_str().unwrap(),
+            &device,
+            "1",
+        ],
+    );
+    tool("losetup", &["--detach", &device]);
+    assert_eq!(seen_uuid.trim(), luks_uuid);
+    assert!(
+        dump.contains("Data segments:") && dump.contains("offset: 16777216 [bytes]"),
+        "{dump}"
+    );
+    assert!(opens_with_key_file, "the key file opens it");
+    assert!(opens_with_recovery_key, "the recovery key opens it");
+
+    let check = fx.run(&["check", "--json"]);
+    assert_eq!(
+        kinds(&check.json()),
+        vec!["keyslot-missing", "not-attached"],
+        "{}",
+        check.stdout
+    );
+
+    let pv = fx.run(&["pv", &uuid, "--json"]);
+    assert_eq!(pv.code, 0, "{}", pv.stderr);
+    let pv = pv.json();
+    assert_eq!(pv["spec"]["volumeMode"], "Block");
+    assert_eq!(
+        pv["spec"]["local"]["path"],
+        format!("/dev/mapper/sparse-volume-{uuid}").as_str()
+    );
+
+    // Detached, it grows like a plain block volume (its mapping takes the
+    // partition's size when next opened); the header stays readable.
+    let resize = fx.run(&["resize", &uuid, "--size", "96M"]);
+    assert_eq!(resize.code, 0, "{}", resize.stderr);
+    let check = fx.run(&["check", "--json"]);
+    assert_eq!(
+        kinds(&check.json()),
+        vec!["keyslot-missing", "not-attached"],
+        "{}",
+        check.stdout
+    );
+
+    // This kernel makes no partitions: attach says so and binds nothing.
+    let attach = fx.run(&["attach", &uuid]);
+    assert_eq!(attach.code, 1, "{}", attach.stdout);
+    assert!(
+        attach.stderr.contains("made no partition device")
+            || attach.stderr.contains("offers no device-mapper"),
+        "{}",
+        attach.stderr
+    );
+    assert_eq!(loops_of(&file), Vec::<String>::new());
+    assert!(!fx.run(&["list", "--json"]).stdout.contains(&recovery_key));
+
+    // Its registry file lost: adopted as a plain block volume, its
+    // partition (ciphertext) would go to a consumer raw. Refused.
+    assert_eq!(fx.run(&["remove", &uuid]).code, 0);
+    let path = format!("/var/lib/sparse-volume/{uuid}");
+    let register = fx.run(&["register", "--uuid", &uuid, "--path", &path]);
+    assert_eq!(register.code, 1, "{}", register.stdout);
+    assert!(
+        register.stderr.contains("holds a LUKS2 header"),
+        "{}",
+        register.stderr
+    );
+    assert!(!fx.registry_file(&uuid).exists());
+}
+
+/// Whether the key in `key_file` opens the header on `device`.
+fn key_file_opens(device: &str, key_file: &Path) -> bool {
+    std::process::Command::new("cryptsetup")
+        .args(["open", "--test-passphrase", "--key-file"])
+        .arg(key_file)
+        .arg(device)
+        .status()
+        .expect("cryptsetup")
+        .success()
+}
+
+/// Whether `key` (on stdin) opens the header on `device`.
+fn opens_with(device: &str, key: &str) -> bool {
+    use std::io::Write;
+    let mut child = std::process::Command::new("cryptsetup")
+        .args(["open", "--test-passphrase", "--key-file", "-", device])
+        .stdin(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("cryptsetup");
+    let mut stdin = child.stdin.take().unwrap();
+    stdin.write_all(key.as_bytes()).unwrap();
+    drop(stdin);
+    child.wait().unwrap().success()
+}
+
+/// A create of an encrypted block volume killed after the file was made
+/// whole, then repeated: the repeat completes it and shows a recovery key
+/// that opens the header in the partition (rewritten there in place when
+/// the volume was registered already), and `check` finds it whole.
+#[test]
+fn a_killed_encrypted_block_create_is_completed_with_a_recovery_key_that_opens_it() {
+    use sparse_volume::hooks::CRASH_ENV;
+    use std::os::unix::process::ExitStatusExt;
+    needs_root!();
+    for point in ["create:before-registry", "create:before-unmark"] {
+        let fx = Fixture::new();
+        let uuid = new_uuid();
+        let args = [
+            "create",
+            "--size",
+            "64M",
+            "--mode",
+            "block",
+            "--sector-size",
+            "512",
+            "--encrypt",
+            "--uuid",
+            &uuid,
+            "--json",
+        ];
+        let status = fx
+            .command(&args)
+            .env("DBUS_SYSTEM_BUS_ADDRESS", "unix:path=/nonexistent")
+            .env(CRASH_ENV, point)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .status()
+            .expect("running sparse-volume");
+        assert_eq!(status.signal(), Some(9), "{point}: not killed there");
+        let again = fx.run(&args);
+        assert_eq!(again.code, 0, "{point}: {}", again.stderr);
+        let recovery_key = again.json()["recovery_key"]
+            .as_str()
+            .unwrap_or_else(|| panic!("{point}: no recovery key: {}", again.stdout))
+            .to_string();
+        let device = partition_device(&fx.backing(&uuid), 512);
+        let opens = opens_with(&device, &recovery_key);
+        let key_file = fx.host(&format!("/etc/sparse-volume/keys/{uuid}.key"));
+        let key_file_opens = key_file_opens(&device, &key_file);
+        let slots = tool("cryptsetup", &["luksDump", &device]);
+        tool("losetup", &["--detach", &device]);
+        assert!(opens, "{point}: the recovery key shown does not open it");
+        assert!(key_file_opens, "{point}: the key file no longer opens it");
+        assert!(
+            slots.contains("  0: luks2") && slots.contains("  1: luks2"),
+            "{point}: {slots}"
+        );
+        let check = fx.run(&["check", "--json"]);
+        assert_eq!(
+            kinds(&check.json()),
+            vec!["not-attached"],
+            "{point}: {}",
+            check.stdout
+        );
+    }
+}

@@ -175,6 +175,15 @@ fn volume_dropin(volume: &Volume) -> Result<String, String> {
 /// volume before it makes them stop before the volume detaches (the way
 /// `systemd-cryptsetup@.service` relates to `blockdev@dev-mapper-*.target`).
 fn blockdev_target(volume: &Volume) -> String {
+    if volume.mode.is_block() && volume.encryption.is_some() {
+        let link = volume.consumer_path();
+        return [
+            "blockdev@",
+            &unit_name_path_escape(&link.to_string_lossy()),
+            ".target",
+        ]
+        .concat();
+    }
     let mut link = String::from(match volume.mode {
         Mode::Filesystem { .. } => "/dev/disk/by-uuid/",
         Mode::Block => "/dev/disk/by-partuuid/",
@@ -250,22 +259,38 @@ mod tests {
         }
     }
 
+    fn encrypted_dropin(mode: &str, key_file: &str) -> String {
+        let config = Config::parse(Path::new("config.toml"), "").unwrap();
+        let text = format!(
+            "uuid = \"{ID}\"\npath = \"/var/lib/sparse-volume/x\"\nsize = 1048576\n\
+             mode = {mode:?}\nluks_uuid = \"00000000-0000-4000-8000-000000000007\"\n\
+             key_file = {key_file:?}\n"
+        );
+        let parsed = Volume::parse(Path::new(&format!("{ID}.toml")), &text, &config).unwrap();
+        volume_dropin(&parsed.volume).unwrap()
+    }
+
     #[test]
     fn a_key_file_outside_the_keys_directory_needs_its_mount() {
-        let encrypted = |key_file: &str| {
-            let config = Config::parse(Path::new("config.toml"), "").unwrap();
-            let text = format!(
-                "uuid = \"{ID}\"\npath = \"/var/lib/sparse-volume/x\"\nsize = 1048576\n\
-                 mode = \"filesystem\"\nluks_uuid = \"00000000-0000-4000-8000-000000000007\"\n\
-                 key_file = {key_file:?}\n"
-            );
-            let parsed = Volume::parse(Path::new(&format!("{ID}.toml")), &text, &config).unwrap();
-            volume_dropin(&parsed.volume).unwrap()
-        };
-        let text = encrypted("/etc/sparse-volume/keys/x.key");
+        let text = encrypted_dropin("filesystem", "/etc/sparse-volume/keys/x.key");
         assert!(!text.contains("RequiresMountsFor"), "{text}");
-        let text = encrypted("/srv/keys/x.key");
+        assert!(
+            text.contains("Wants=blockdev@dev-disk-by\\x2duuid-6f1c"),
+            "{text}"
+        );
+        let text = encrypted_dropin("filesystem", "/srv/keys/x.key");
         assert!(text.ends_with("RequiresMountsFor=/srv/keys\n"), "{text}");
+    }
+
+    #[test]
+    fn an_encrypted_block_volume_orders_its_opened_device() {
+        let text = encrypted_dropin("block", "/etc/sparse-volume/keys/x.key");
+        let target = format!(
+            "blockdev@dev-mapper-sparse\\x2dvolume\\x2d{}.target",
+            ID.replace('-', "\\x2d")
+        );
+        assert!(text.contains(&format!("Wants={target}\n")), "{text}");
+        assert!(text.contains(&format!("Before={target}\n")), "{text}");
     }
 
     #[test]

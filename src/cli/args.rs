@@ -220,7 +220,7 @@ pub struct ApplyArgs {
     #[arg(long, conflicts_with_all = [
         "uuid", "name", "state", "size", "mode", "fs_type", "path", "enabled", "read_only",
         "preallocate", "sector_size", "mkfs_options", "delete_data", "now", "clone_of",
-        "freeze_during_copy", "replaces_unit",
+        "freeze_during_copy", "replaces_unit", "encrypt", "key_file",
     ])]
     pub stdin: bool,
     /// The volume's UUID (any case); with `--name`, both must agree.
@@ -265,6 +265,16 @@ pub struct ApplyArgs {
     /// it differs from the options an existing volume was made with.
     #[arg(long = "mkfs-option", allow_hyphen_values = true, value_hint = ValueHint::Other)]
     pub mkfs_options: Vec<String>,
+    /// Encrypt it when creating (LUKS2, unlocked at boot by a key file; the
+    /// report shows its recovery key, once); refused for an existing
+    /// volume that is not encrypted.
+    #[arg(long)]
+    pub encrypt: bool,
+    /// With --encrypt: the key file that unlocks it, root's alone (default:
+    /// a new one in /etc/sparse-volume/keys); refused if it differs from an
+    /// existing volume's.
+    #[arg(long, requires = "encrypt", value_name = "PATH")]
+    pub key_file: Option<PathBuf>,
     /// Make the volume as a clone of this one (its content at one
     /// instant, see `sparse-volume clone`); an existing volume must be
     /// its clone.
@@ -319,6 +329,8 @@ impl ApplyArgs {
             preallocate: self.preallocate.then_some(true),
             sector_size: self.sector_size,
             mkfs_options: (!self.mkfs_options.is_empty()).then(|| self.mkfs_options.clone()),
+            encrypt: self.encrypt.then_some(true),
+            key_file: self.key_file.clone(),
             clone_of: self.clone_of.clone(),
             freeze_during_copy: self.freeze_during_copy,
             replaces_unit: self.replaces_unit.clone(),
@@ -454,8 +466,9 @@ pub struct CreateArgs {
     /// Extra option passed to mkfs (repeatable).
     #[arg(long = "mkfs-option", allow_hyphen_values = true, value_hint = ValueHint::Other)]
     pub mkfs_options: Vec<String>,
-    /// Encrypt it: LUKS2 inside the backing file, unlocked at boot by a key
-    /// file (filesystem mode). Prints a recovery key, once.
+    /// Encrypt it: LUKS2 inside the backing file (block mode: inside its
+    /// partition), unlocked at boot by a key file. Prints a recovery key,
+    /// once.
     #[arg(long)]
     pub encrypt: bool,
     /// With --encrypt: the key file that unlocks it, root's alone (default:

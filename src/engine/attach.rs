@@ -274,16 +274,16 @@ pub fn attach(registry: &Registry, id: &VolumeId) -> Result<AttachReport> {
                 warnings.push(format!(
                     "the kernel made no partition device for {} (does it parse GPT partition tables?); consumers of {} will not find the volume",
                     device.display(),
-                    volume.mode.udev_link(id).display()
+                    volume.consumer_path().display()
                 ));
             }
             found
         }
         Mode::Filesystem { .. } => None,
     };
-    let link = volume.mode.udev_link(id);
+    let link = volume.consumer_path();
     // An encrypted volume's link points at its opened device, not at the
-    // loop device (whose own by-uuid link names the LUKS2 header).
+    // loop device or partition (whose own links name the LUKS2 header).
     let (opened, waited) = match &volume.encryption {
         Some(encryption) => match encryption::open_on(registry, &volume, encryption, number) {
             Ok(opened) => (Some(opened), Ok(())),

@@ -11,8 +11,11 @@ use crate::kernel::dm_crypt::{self, mapper_path, OpenOptions};
 use crate::kernel::holders::{in_use, users_of_device};
 use crate::kernel::loop_device::LoopDevice;
 use crate::registry::{Registry, Volume};
+use crate::volume::gpt_layout;
 use crate::volume::id::VolumeId;
-use crate::volume::probe::probe;
+use crate::volume::luks;
+pub use crate::volume::luks::mapping_name;
+use crate::volume::probe::{luks2_at, probe};
 use crate::volume::spec::Encryption;
 
 /// Where the recovery of a volume whose key is lost is described.
@@ -28,11 +31,6 @@ pub fn refuse_if_encrypted(volume: &Volume, what: &str) -> Result<()> {
         );
     }
     Ok(())
-}
-
-/// The device-mapper name of the volume's opened device.
-pub fn mapping_name(id: &VolumeId) -> String {
-    format!("sparse-volume-{id}")
 }
 
 /// The opened device of an encrypted volume.
@@ -59,17 +57,18 @@ pub fn open_on(
     let kernel_name = match dm_crypt::mapping_on_loop(number, &name) {
         Some(kernel_name) => kernel_name,
         None => {
+            let header_device = header_device(volume, encryption, number)?;
             if dm_crypt::exists(&name) {
                 bail!(
                     "a device-mapper device named {name} exists on another device than {}; `dmsetup info {name}` shows it",
-                    LoopDevice::path_of(number).display()
+                    header_device.display()
                 );
             }
             let key_file = registry.root().host_path(&encryption.key_file);
             require_key_file(&key_file, &volume.id)?;
             tracing::info!(progress = true, "opening the encrypted volume as {name}");
             dm_crypt::open(
-                &LoopDevice::path_of(number),
+                &header_device,
                 &name,
                 &key_file,
                 OpenOptions {
@@ -94,10 +93,76 @@ pub fn open_on(
         node: Path::new("/dev").join(&kernel_name),
         opened_here,
     };
-    if let Err(failure) = require_volume_inside(volume, &opened.path) {
-        return Err(close_after_failure(&name, opened_here, failure));
+    // A block volume's opened device holds whatever its consumer wrote.
+    if !volume.mode.is_block() {
+        if let Err(failure) = require_volume_inside(volume, &opened.path) {
+            return Err(close_after_failure(&name, opened_here, failure));
+        }
     }
     Ok(opened)
+}
+
+/// The device whose LUKS2 header is opened: the loop device in filesystem
+/// mode; in block mode its partition (device-mapper devices get no
+/// partitions, so the header is inside the partition, not around it),
+/// which must hold the volume's header.
+fn header_device(volume: &Volume, encryption: &Encryption, number: u32) -> Result<PathBuf> {
+    let device = LoopDevice::path_of(number);
+    if !volume.mode.is_block() {
+        return Ok(device);
+    }
+    let partition = PathBuf::from(format!("{}p1", device.display()));
+    let file = match std::fs::File::open(&partition) {
+        Ok(file) => file,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => bail!(
+            "the kernel made no partition device for {} (does it parse GPT partition tables?), and the encrypted block volume's LUKS2 header is inside that partition",
+            device.display()
+        ),
+        Err(e) => return Err(e).with_context(|| format!("opening {}", partition.display())),
+    };
+    let found = luks2_at(&file, 0).with_context(|| format!("reading {}", partition.display()))?;
+    if found != Some(encryption.luks_uuid) {
+        bail!(
+            "partition {} holds {}, not the volume's LUKS2 header {}",
+            partition.display(),
+            found.map_or("no LUKS2 header".to_string(), |uuid| format!(
+                "a LUKS2 header with UUID {uuid}"
+            )),
+            encryption.luks_uuid
+        );
+    }
+    Ok(partition)
+}
+
+/// Runs `work` on the LUKS2 header of the volume whose backing file is at
+/// `host_path`: on the file itself in filesystem mode, on a copy of its
+/// partition's header area in block mode (written back when `work`
+/// changed it).
+pub fn on_header<T>(
+    volume: &Volume,
+    host_path: &Path,
+    writes: bool,
+    work: impl FnOnce(&Path) -> Result<T>,
+) -> Result<T> {
+    if !volume.mode.is_block() {
+        return work(host_path);
+    }
+    use std::os::unix::fs::OpenOptionsExt;
+    // As every backing file is opened: never through a symlink.
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(writes)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(host_path)
+        .with_context(|| format!("opening {}", host_path.display()))?;
+    let start = gpt_layout::partition_start(&file, volume.sector_size).with_context(|| {
+        format!(
+            "{} has no partition table for {}-byte sectors",
+            host_path.display(),
+            volume.sector_size
+        )
+    })?;
+    luks::with_header_at(&file, start, writes, work)
 }
 
 fn require_key_file(key_file: &Path, id: &VolumeId) -> Result<()> {

@@ -267,7 +267,7 @@ pub fn inspect(
         .map(|d| PathBuf::from(format!("{}p1", d.display())))
         .filter(|p| p.exists());
 
-    let link = volume.mode.udev_link(&volume.id);
+    let link = volume.consumer_path();
     let link_target = fs::canonicalize(&link).ok();
     let opened_node = mapping.as_ref().map(|name| Path::new("/dev").join(name));
     let expected = opened_node

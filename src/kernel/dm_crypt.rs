@@ -81,14 +81,13 @@ pub fn resize(name: &str, key_file: &Path) -> Result<()> {
 }
 
 /// The kernel name (`dm-3`) of the mapping called `name` that sits on
-/// `loopN`, if one does.
+/// `loopN` or, for a block volume, on its partition `loopNp1`, if one does.
 pub fn mapping_on_loop(number: u32, name: &str) -> Option<String> {
-    let holders = Path::new("/sys/class/block")
-        .join(format!("loop{number}"))
-        .join("holders");
-    fs::read_dir(holders)
-        .ok()?
-        .flatten()
+    let sys_block = Path::new("/sys/class/block");
+    [format!("loop{number}"), format!("loop{number}p1")]
+        .iter()
+        .filter_map(|device| fs::read_dir(sys_block.join(device).join("holders")).ok())
+        .flat_map(|holders| holders.flatten())
         .map(|entry| entry.file_name().to_string_lossy().into_owned())
         .find(|holder| mapping_name(holder).as_deref() == Some(name))
 }

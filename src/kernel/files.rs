@@ -108,6 +108,21 @@ pub fn open_in(dir: &File, name: &std::ffi::OsStr, flags: OFlag) -> std::io::Res
     Ok(File::from(unsafe { OwnedFd::from_raw_fd(fd) }))
 }
 
+/// A file that lives in memory only and goes with its last descriptor
+/// (never on a disk, never in a directory), and the path another process
+/// opens it by while this one holds it.
+pub fn memory_file(name: &str) -> Result<(File, PathBuf)> {
+    let name = std::ffi::CString::new(name).context("a memory file's name")?;
+    let fd = nix::sys::memfd::memfd_create(&name, nix::sys::memfd::MemFdCreateFlag::MFD_CLOEXEC)
+        .context("making a memory file (memfd_create)")?;
+    let path = PathBuf::from(format!(
+        "/proc/{}/fd/{}",
+        std::process::id(),
+        fd.as_raw_fd()
+    ));
+    Ok((File::from(fd), path))
+}
+
 /// Makes a rename or unlink in `dir` durable.
 pub fn sync_dir(dir: &Path) -> Result<()> {
     File::open(dir)

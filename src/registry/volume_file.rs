@@ -9,9 +9,11 @@ use toml::Spanned;
 use super::config::Config;
 use super::error::RegistryError;
 use super::lenient::{from_toml, RegistryWarning};
+use crate::kernel::dm_crypt::mapper_path;
 use crate::registry::paths::is_normal_absolute;
 use crate::volume::creating_mark::CREATING_SUFFIX;
 use crate::volume::id::VolumeId;
+use crate::volume::luks::mapping_name;
 use crate::volume::probe::Identity;
 use crate::volume::spec::{Encryption, FsType, Mode, ModeKind, DEFAULT_SECTOR_SIZE, SECTOR_SIZES};
 
@@ -344,6 +346,17 @@ impl Volume {
         Ok(())
     }
 
+    /// The path consumers find the volume's device by: udev's link for
+    /// its mode, or an encrypted block volume's opened device (its
+    /// partition's links name the ciphertext; dm-crypt devices have no
+    /// partition UUID of their own, and the mapping's name is stable).
+    pub fn consumer_path(&self) -> PathBuf {
+        match (&self.mode, &self.encryption) {
+            (Mode::Block, Some(_)) => mapper_path(&mapping_name(&self.id)),
+            _ => self.mode.udev_link(&self.id),
+        }
+    }
+
     /// What the volume's backing file holds when it is this volume.
     pub fn identity(&self) -> Identity<'_> {
         Identity {
@@ -360,13 +373,6 @@ impl Volume {
             return Err(invalid(
                 "luks_uuid",
                 "luks_uuid must differ from the volume's uuid (the file system inside carries that)"
-                    .into(),
-            ));
-        }
-        if self.mode.is_block() {
-            return Err(invalid(
-                "luks_uuid",
-                "encrypted volumes are filesystem-mode volumes (block mode is not supported yet)"
                     .into(),
             ));
         }

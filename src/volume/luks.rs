@@ -4,15 +4,23 @@
 //! key in another, and reading back which keyslots a header has. The keys
 //! themselves never pass a command line: the key file is named by its
 //! path, the recovery key goes through a pipe.
+//!
+//! A block volume's header sits at the start of its partition, inside the
+//! backing file; cryptsetup reads and writes headers only at the start of
+//! a file or device, so it works on a copy of that area (see
+//! [`with_header_at`]).
 
 use std::fs::File;
-use std::io::Read;
+use std::io::{Read, Write};
+use std::os::unix::fs::FileExt;
 use std::path::Path;
 
 use anyhow::{bail, Context, Result};
 use uuid::Uuid;
 
 use crate::kernel::child_process::{finish, run, run_with_input, tool_command};
+use crate::kernel::files::memory_file;
+use crate::volume::id::VolumeId;
 
 /// The keyslot that opens the volume unattended (the key file).
 pub const KEY_FILE_SLOT: u32 = 0;
@@ -23,6 +31,16 @@ pub const RECOVERY_SLOT: u32 = 1;
 /// 16 MiB of header and keyslots, set explicitly so that every volume has
 /// the same layout whatever cryptsetup's defaults become.
 pub const DATA_OFFSET: u64 = 16 << 20;
+
+/// The device-mapper name of an encrypted volume's opened device, made
+/// from the volume UUID so that it is found again after any crash.
+pub fn mapping_name(id: &VolumeId) -> String {
+    format!("sparse-volume-{id}")
+}
+
+/// LUKS2's two header copies (binary header and JSON metadata, 16 KiB
+/// each as cryptsetup makes them by default), before the keyslot area.
+const HEADERS_BYTES: usize = 32 << 10;
 
 /// Bytes of random key in a generated key file.
 const KEY_FILE_BYTES: usize = 64;
@@ -83,6 +101,10 @@ pub fn format(target: &Path, luks_uuid: Uuid, sector_size: u32, key_file: &Path)
     args.push(KEY_FILE_SLOT.to_string());
     args.extend(["--uuid".into(), luks_uuid.hyphenated().to_string()]);
     args.extend(["--sector-size".into(), sector_size.to_string()]);
+    args.extend([
+        "--luks2-metadata-size".into(),
+        (HEADERS_BYTES / 2).to_string(),
+    ]);
     // cryptsetup counts the offset in 512-byte sectors, whatever the
     // encryption sector size.
     args.extend(["--offset".into(), (DATA_OFFSET / 512).to_string()]);
@@ -162,6 +184,76 @@ fn keyslots_in(metadata: &[u8]) -> Result<Vec<u32>> {
     let mut numbers: Vec<u32> = slots.keys().filter_map(|k| k.parse().ok()).collect();
     numbers.sort_unstable();
     Ok(numbers)
+}
+
+/// Runs `work` on a copy of the LUKS2 header area (the first
+/// [`DATA_OFFSET`] bytes) found at `offset` in `file`, then, with
+/// `write_back`, writes back what `work` changed in it. The copy lives in
+/// memory only (keyslot material must not reach a disk that keeps freed
+/// blocks), gone with this process whatever ends it, and is named to
+/// cryptsetup through `/proc`. What changed is written back from the end
+/// of the area to its start: keyslot material first, the primary header
+/// last, so that a crash in between leaves the header as it was or a
+/// secondary copy cryptsetup recovers from. Without `write_back` nothing
+/// is written, even what cryptsetup repaired in the copy while reading it.
+pub fn with_header_at<T>(
+    file: &File,
+    offset: u64,
+    write_back: bool,
+    work: impl FnOnce(&Path) -> Result<T>,
+) -> Result<T> {
+    let area = usize::try_from(DATA_OFFSET).context("the LUKS2 header area")?;
+    let mut before = vec![0u8; area];
+    file.read_exact_at(&mut before, offset)
+        .context("reading the LUKS2 header area of the partition")?;
+    let (mut copy, path) = memory_file("sparse-volume-luks2-header")?;
+    copy.write_all(&before)
+        .context("copying the LUKS2 header area")?;
+    // cryptsetup refuses a device with no room for data after the header.
+    copy.set_len(DATA_OFFSET + (1 << 20))
+        .context("sizing the LUKS2 header copy")?;
+    let result = work(&path)?;
+    if !write_back {
+        return Ok(result);
+    }
+    let mut after = vec![0u8; area];
+    copy.read_exact_at(&mut after, 0)
+        .context("reading back the LUKS2 header copy")?;
+    write_changed_blocks(file, offset, &before, &after)?;
+    Ok(result)
+}
+
+/// Writes the 4 KiB blocks of `after` that differ from `before`, last
+/// block first; the keyslot area reaches the disk before either header
+/// copy (the first [`HEADERS_BYTES`]) is touched, and each header block
+/// before the next. Nothing is written when nothing changed.
+fn write_changed_blocks(file: &File, offset: u64, before: &[u8], after: &[u8]) -> Result<()> {
+    const BLOCK: usize = 4096;
+    let mut unsynced = false;
+    for (index, (old, new)) in before
+        .chunks(BLOCK)
+        .zip(after.chunks(BLOCK))
+        .enumerate()
+        .rev()
+    {
+        if old == new {
+            continue;
+        }
+        let start = index * BLOCK;
+        if start < HEADERS_BYTES && unsynced {
+            file.sync_data()
+                .context("syncing the LUKS2 header area in the partition")?;
+        }
+        let at = offset + u64::try_from(start).context("header offset")?;
+        file.write_all_at(new, at)
+            .context("writing the LUKS2 header into the partition")?;
+        unsynced = true;
+    }
+    if unsynced {
+        file.sync_data()
+            .context("syncing the LUKS2 header in the partition")?;
+    }
+    Ok(())
 }
 
 fn path_text(path: &Path) -> Result<String> {

@@ -27,6 +27,10 @@ pub enum Content {
         /// The sector size its LBAs count in: it is seen only on a device
         /// with exactly these sectors.
         sector_size: u32,
+        /// The UUID of a LUKS2 header at the start of partition 1 (an
+        /// encrypted block volume's): such a partition holds ciphertext,
+        /// which a plain block volume must never hand a consumer.
+        header_inside: Option<Uuid>,
     },
     /// A LUKS2 header (an encrypted volume's backing file); what it
     /// holds is only seen once opened.
@@ -41,9 +45,18 @@ impl Content {
             Content::Filesystem { fs_type, uuid, .. } => {
                 format!("an {fs_type} file system with UUID {uuid}")
             }
-            Content::PartitionTable { partitions, .. } => match partitions.first() {
-                Some((number, guid)) => format!("a GPT whose partition {number} has GUID {guid}"),
-                None => "a GPT without partitions".to_string(),
+            Content::PartitionTable {
+                partitions,
+                header_inside,
+                ..
+            } => match (partitions.first(), header_inside) {
+                (Some((number, guid)), Some(header)) => format!(
+                    "a GPT whose partition {number} has GUID {guid} and holds a LUKS2 header with UUID {header}"
+                ),
+                (Some((number, guid)), None) => {
+                    format!("a GPT whose partition {number} has GUID {guid}")
+                }
+                (None, _) => "a GPT without partitions".to_string(),
             },
             Content::Luks2 { uuid } => format!("a LUKS2 header with UUID {uuid}"),
             Content::Unrecognised => "no recognised file system or partition table".to_string(),
@@ -134,7 +147,9 @@ impl<'a> Identity<'a> {
     /// Whether `content` is this volume's backing file (or, for
     /// [`Identity::inside`], its opened device).
     pub fn is_held_by(&self, content: &Content) -> bool {
-        if let Some(luks_uuid) = self.luks_uuid {
+        // A block volume's header is inside its partition: the backing
+        // file holds the partition table, as a plain block volume's does.
+        if let (Some(luks_uuid), Mode::Filesystem { .. }) = (self.luks_uuid, self.mode) {
             return *content == Content::Luks2 { uuid: luks_uuid };
         }
         match (self.mode, content) {
@@ -146,9 +161,14 @@ impl<'a> Identity<'a> {
                     ..
                 },
             ) => fs_type == found && *found_uuid == self.uuid,
-            (Mode::Block, Content::PartitionTable { partitions, .. }) => {
-                partitions.contains(&(1, self.uuid))
-            }
+            (
+                Mode::Block,
+                Content::PartitionTable {
+                    partitions,
+                    header_inside,
+                    ..
+                },
+            ) => partitions.contains(&(1, self.uuid)) && *header_inside == self.luks_uuid,
             _ => false,
         }
     }
@@ -168,14 +188,20 @@ impl<'a> Identity<'a> {
 
     /// What `is_held_by` looks for, in words.
     pub fn describe(&self) -> String {
-        if let Some(luks_uuid) = self.luks_uuid {
+        if let (Some(luks_uuid), Mode::Filesystem { .. }) = (self.luks_uuid, self.mode) {
             return format!("a LUKS2 header with UUID {luks_uuid}");
         }
         match self.mode {
             Mode::Filesystem { fs_type, .. } => {
                 format!("an {fs_type} file system with UUID {}", self.uuid)
             }
-            Mode::Block => format!("a GPT whose partition 1 has GUID {}", self.uuid),
+            Mode::Block => match self.luks_uuid {
+                Some(header) => format!(
+                    "a GPT whose partition 1 has GUID {} and holds a LUKS2 header with UUID {header}",
+                    self.uuid
+                ),
+                None => format!("a GPT whose partition 1 has GUID {}", self.uuid),
+            },
         }
     }
 }
@@ -201,7 +227,25 @@ pub fn probe(file: &File) -> Result<Content> {
     if let Some(content) = luks2_in(&head[..length]).or_else(|| filesystem_in(&head[..length])) {
         return Ok(content);
     }
-    Ok(gpt_layout::read_any(file).map_or(Content::Unrecognised, gpt_content))
+    let Some((disk, sector_size)) = gpt_layout::read_any(file) else {
+        return Ok(Content::Unrecognised);
+    };
+    let header_inside = match first_partition_start(&disk, sector_size) {
+        Some(start) => luks2_at(file, start)?,
+        None => None,
+    };
+    Ok(gpt_content(&disk, sector_size, header_inside))
+}
+
+/// The UUID of the LUKS2 header at `offset` in `file` (an encrypted block
+/// volume's, at the start of its partition), if one is there.
+pub fn luks2_at(file: &File, offset: u64) -> Result<Option<Uuid>> {
+    let mut head = [0u8; HEAD_BYTES];
+    let length = read_up_to(file, &mut head, offset)?;
+    Ok(match luks2_in(&head[..length]) {
+        Some(Content::Luks2 { uuid }) => Some(uuid),
+        _ => None,
+    })
 }
 
 /// The file system whose first block is at `offset` in `file` (one a
@@ -219,7 +263,17 @@ pub fn probe_image(image: &[u8]) -> Content {
     if let Some(content) = luks2_in(head).or_else(|| filesystem_in(head)) {
         return content;
     }
-    gpt_layout::read_any_in_image(image).map_or(Content::Unrecognised, gpt_content)
+    let Some((disk, sector_size)) = gpt_layout::read_any_in_image(image) else {
+        return Content::Unrecognised;
+    };
+    let header_inside = first_partition_start(&disk, sector_size)
+        .and_then(|start| usize::try_from(start).ok())
+        .and_then(|start| image.get(start..))
+        .and_then(|rest| match luks2_in(&rest[..rest.len().min(HEAD_BYTES)]) {
+            Some(Content::Luks2 { uuid }) => Some(uuid),
+            _ => None,
+        });
+    gpt_content(&disk, sector_size, header_inside)
 }
 
 const LUKS_MAGIC: &[u8; 6] = b"LUKS\xba\xbe";
@@ -341,7 +395,11 @@ fn uuid_at(buffer: &[u8], offset: usize) -> Uuid {
 
 /// GPT headers store GUIDs in mixed-endian form; the `gpt` crate decodes
 /// them into the same `Uuid` that udev prints in `by-partuuid`.
-fn gpt_content<D>((disk, sector_size): (gpt::GptDisk<D>, u32)) -> Content {
+fn gpt_content<D>(
+    disk: &gpt::GptDisk<D>,
+    sector_size: u32,
+    header_inside: Option<Uuid>,
+) -> Content {
     let partitions = disk
         .partitions()
         .iter()
@@ -351,7 +409,17 @@ fn gpt_content<D>((disk, sector_size): (gpt::GptDisk<D>, u32)) -> Content {
     Content::PartitionTable {
         partitions,
         sector_size,
+        header_inside,
     }
+}
+
+/// Where partition 1 starts, in bytes.
+fn first_partition_start<D>(disk: &gpt::GptDisk<D>, sector_size: u32) -> Option<u64> {
+    disk.partitions()
+        .get(&1)
+        .filter(|p| p.is_used())?
+        .first_lba
+        .checked_mul(u64::from(sector_size))
 }
 
 fn read_up_to(file: &File, buffer: &mut [u8], offset: u64) -> Result<usize> {
@@ -444,7 +512,10 @@ mod tests {
         };
         let content = probe(&header(&[0, 2])).unwrap();
         assert_eq!(content, Content::Luks2 { uuid });
-        let mode = Mode::Block;
+        let mode = Mode::Filesystem {
+            fs_type: FsType::Ext4,
+            mkfs_options: Vec::new(),
+        };
         let encrypted = Identity {
             mode: &mode,
             uuid: Uuid::nil(),
@@ -453,7 +524,62 @@ mod tests {
         assert!(encrypted.is_held_by(&content));
         assert!(!encrypted.inside().is_held_by(&content));
         assert!(!Identity::plain(&mode, uuid).is_held_by(&content));
+        // A block volume's header is inside its partition: its backing
+        // file holds the partition table, never the header itself.
+        let block = Identity {
+            mode: &Mode::Block,
+            uuid: Uuid::nil(),
+            luks_uuid: Some(uuid),
+        };
+        assert!(!block.is_held_by(&content));
         assert_eq!(probe(&header(&[0, 1])).unwrap(), Content::Unrecognised);
+    }
+
+    #[test]
+    fn a_gpt_with_a_luks2_header_in_its_partition_is_only_the_encrypted_volume() {
+        let uuid = Uuid::parse_str(UUID).unwrap();
+        let luks = Uuid::new_v4();
+        let text = luks.to_string();
+        for sector_size in [512, 4096] {
+            let file = tempfile::tempfile().unwrap();
+            file.set_len(8 << 20).unwrap();
+            let partition = gpt_layout::write_new(&file, uuid, sector_size).unwrap();
+            let at = partition.start_bytes();
+            for (offset, bytes) in [
+                (at, &b"LUKS\xba\xbe"[..]),
+                (at + 6, &[0, 2][..]),
+                (at + 168, text.as_bytes()),
+            ] {
+                file.write_all_at(bytes, offset).unwrap();
+            }
+            let content = probe(&file).unwrap();
+            let encrypted = Identity {
+                mode: &Mode::Block,
+                uuid,
+                luks_uuid: Some(luks),
+            };
+            assert!(encrypted.is_held_by(&content), "{content:?}");
+            // Registered plain, its partition would hand out ciphertext.
+            assert!(!Identity::plain(&Mode::Block, uuid).is_held_by(&content));
+            assert!(content.describe().contains(&text), "{}", content.describe());
+        }
+    }
+
+    #[test]
+    fn finds_a_luks2_header_at_an_offset() {
+        let uuid = Uuid::parse_str(UUID).unwrap();
+        let text = uuid.to_string();
+        let at = 1 << 20;
+        let file = file_with(
+            &[
+                (at, b"LUKS\xba\xbe"),
+                (at + 6, &[0, 2]),
+                (at + 168, text.as_bytes()),
+            ],
+            (2 << 20) as usize,
+        );
+        assert_eq!(luks2_at(&file, at as u64).unwrap(), Some(uuid));
+        assert_eq!(luks2_at(&file, 0).unwrap(), None);
     }
 
     #[test]
@@ -468,7 +594,8 @@ mod tests {
                 content,
                 Content::PartitionTable {
                     partitions: vec![(1, uuid)],
-                    sector_size
+                    sector_size,
+                    header_inside: None,
                 }
             );
             assert!(Identity::plain(&Mode::Block, uuid).is_held_by(&content));

@@ -133,6 +133,56 @@ def test_apply_sends_the_desired_state_on_stdin(execution_module, wire, binary):
     assert seen == {"sparse_volume.binary": "sparse-volume"}
 
 
+RECOVERY_KEY = "cbdefghi-jklnrtuv-cbdefghi-jklnrtuv-cbdefghi-jklnrtuv-cbdefghi-jklnrtuv"
+REPORT_ENCRYPTED = dict(
+    REPORT_CREATE,
+    actions=["create an encrypted filesystem (ext4) volume of 1.00 GiB"],
+    after=dict(REPORT_CREATE["after"], encrypted=True,
+               key_file="/etc/sparse-volume/keys/0b7f3c38-6a43-4f5e-9d5c-0c3f1e3c9a10.key"),
+    recovery_key=RECOVERY_KEY,
+)
+
+
+def test_apply_encrypt_passes_a_key_file_path_and_keeps_the_output_out_of_the_log(
+        execution_module, wire, binary):
+    cli = CLI(ok(REPORT_ENCRYPTED))
+    wire(cli)
+    report = execution_module.apply(name="data", size="1G", encrypt=True,
+                                    key_file="/root/data.key")
+    assert report["recovery_key"] == RECOVERY_KEY
+    cmd, kwargs = cli.calls[0]
+    # The key file is a path in the document on stdin, never an argument.
+    assert cmd == [binary, "apply", "--stdin", "--json"]
+    assert cli.document == {"name": "data", "size": "1G", "encrypt": True,
+                            "key_file": "/root/data.key"}
+    # The report may hold a recovery key: cmd.run_all must not log it.
+    assert kwargs["output_loglevel"] == "quiet"
+
+
+def test_list_output_is_still_logged_at_debug(execution_module, wire):
+    listing, _ = listing_with_errors()
+    cli = CLI(ok(dict(listing, errors=[])))
+    wire(cli)
+    execution_module.list_()
+    assert cli.calls[0][1]["output_loglevel"] == "debug"
+
+
+def test_present_returns_the_recovery_key_of_the_volume_it_created(state_module, wire):
+    wire(CLI(ok(REPORT_ENCRYPTED)))
+    ret = state_module.present("data", size="1G", encrypt=True)
+    assert ret["result"] is True
+    assert ret["changes"]["recovery_key"] == RECOVERY_KEY
+    assert ret["changes"]["after"]["encrypted"] is True
+    # Only in changes, where the run that made the volume returns it.
+    assert RECOVERY_KEY not in ret["comment"]
+
+
+def test_present_without_a_recovery_key_has_none_in_changes(state_module, wire):
+    wire(CLI(ok(dict(REPORT_CREATE, recovery_key=None))))
+    ret = state_module.present("data", size="1G")
+    assert "recovery_key" not in ret["changes"]
+
+
 @pytest.mark.parametrize("how", ["argument", "opts"])
 def test_apply_under_test_is_a_dry_run(execution_module, wire, binary, how):
     cli = CLI(ok(dict(REPORT_CREATE, dry_run=True)))

@@ -356,6 +356,42 @@ def test_more_than_the_free_space_is_refused(node):
     assert node.fingerprint() == before
 
 
+def test_encrypting_an_existing_volume_is_refused_with_the_cli_message(node):
+    before = node.fingerprint()
+    status, local = node.salt_call(
+        "state.single", "sparse_volume.present", "name=xfs-data", "encrypt=True"
+    )
+    (state,) = local.values()
+    assert status != 0
+    assert state["result"] is False, state
+    refusal = node.cli(
+        "apply", "--stdin", "--json", "--dry-run",
+        stdin=json.dumps({"name": "xfs-data", "encrypt": True}),
+    )
+    assert refusal.returncode == 1, refusal
+    assert state["comment"] == json.loads(refusal.stdout)["error"]
+    assert "not encrypted (asked to encrypt)" in state["comment"]
+    assert node.fingerprint() == before
+
+
+def test_an_encrypted_volume_is_planned_under_test(node):
+    before = node.fingerprint()
+    status, local = node.salt_call(
+        "state.single", "sparse_volume.present", "name=vault", "size=64M",
+        "encrypt=True", "test=True",
+    )
+    (state,) = local.values()
+    assert status == 0, state
+    assert state["result"] is None, state
+    assert state["changes"]["actions"] == [
+        "create an encrypted filesystem (ext4) volume of 64.0 MiB"
+    ]
+    assert state["changes"]["after"]["encrypted"] is True
+    # A plan enrolls no key.
+    assert "recovery_key" not in state["changes"]
+    assert node.fingerprint() == before
+
+
 def test_absent_keeps_the_file(node):
     uuid = node.uuids["raw-block"]
     kept = node.fingerprint()[f"var/lib/sparse-volume/{uuid}"]

@@ -38,7 +38,8 @@
 #   guest.sh readme-check     after the reboot: the README's check commands,
 #                             the volume back and mounted; then removed
 #   guest.sh encrypted-create the encryption guide's volume and an xfs one,
-#                             mounted by UUID=; detach refused while mounted
+#                             mounted by UUID=; detach refused while mounted;
+#                             a block one read raw by a unit of its own
 #   guest.sh encrypted-check N
 #                             boot 1: back unattended, shutdown order; boot
 #                             3: one without its key fails alone, and the
@@ -92,7 +93,7 @@ file_of() { sed -n 's/^path = "\(.*\)"$/\1/p' "$VOLUMES_D/$1.toml"; }
 # Every enabled volume (a variable name of $STATE each; CLONE and
 # IMPORTED from the clone phase on, MK_* from the take-over phase on,
 # which only the full scope runs): enabled_volumes names the ones made.
-ALL_ENABLED_VOLUMES="EXT4 XFS BLOCK READONLY OTHER E4K X4K B4K CLONE IMPORTED MK_EXT4 MK_XFS MK_BLOCK MK_REPAIRED ENC_DB ENC_XFS"
+ALL_ENABLED_VOLUMES="EXT4 XFS BLOCK READONLY OTHER E4K X4K B4K CLONE IMPORTED MK_EXT4 MK_XFS MK_BLOCK MK_REPAIRED ENC_DB ENC_XFS ENC_BLK"
 enabled_volumes() {
     local name
     for name in $ALL_ENABLED_VOLUMES; do
@@ -591,10 +592,11 @@ pv_paths_exist() {
     local boot=$1 out err paths path name want=""
     run_rc out err $CLI pv --all
     ((rc == 0)) || fail "after boot $boot: pv --all exited $rc: $err"
-    paths=$(grep -o '/dev/disk/by-[a-z]*/[0-9a-f-]*' <<<"$out" | sort)
+    paths=$(grep -oE '/dev/(disk/by-[a-z]*/|mapper/sparse-volume-)[0-9a-f-]*' <<<"$out" | sort)
     for name in $(enabled_volumes); do
         case $name in
         BLOCK | B4K | MK_BLOCK) want+="/dev/disk/by-partuuid/${!name}"$'\n' ;;
+        ENC_BLK) want+="/dev/mapper/sparse-volume-${!name}"$'\n' ;;
         *) want+="/dev/disk/by-uuid/${!name}"$'\n' ;;
         esac
     done
@@ -1355,7 +1357,11 @@ blockdev_targets_active() {
         uuid=${unit#sparse-volume@}
         uuid=${uuid%.service}
         link=/dev/disk/by-uuid/$uuid
-        grep -q '^mode = "block"' "$VOLUMES_D/$uuid.toml" && link=/dev/disk/by-partuuid/$uuid
+        if grep -q '^mode = "block"' "$VOLUMES_D/$uuid.toml"; then
+            link=/dev/disk/by-partuuid/$uuid
+            # An encrypted block volume's consumers use its opened device.
+            grep -q '^luks_uuid = ' "$VOLUMES_D/$uuid.toml" && link=/dev/mapper/sparse-volume-$uuid
+        fi
         target=blockdev@$(systemd-escape --path "$link").target
         # postinst queues the starts without waiting for them.
         for ((i = 0; i < 50; i++)); do
@@ -1514,14 +1520,15 @@ metrics() {
 
 # Encrypted volumes (issue 28): the encryption guide's volume (its key file
 # made by create) and an xfs volume with a key file of known bytes, both
-# mounted through fstab by UUID= (nofail). Their UUIDs and recovery keys
-# are kept in $ENCRYPTED_STATE.
+# mounted through fstab by UUID= (nofail), and a block volume read raw by a
+# unit that waits for its opened device. Their
+# UUIDs and recovery keys are kept in $ENCRYPTED_STATE.
 ENCRYPTED_STATE=/root/encrypted.env
 KNOWN_KEY=/root/known.key
 # 64 bytes that `strings` finds wherever they land.
 KNOWN_KEY_TEXT=SV-KNOWN-KEY-MATERIAL-0123456789-abcdefghijklmnopqrstuvwxyz-0064
 encrypted_create() {
-    local out db xfs db_recovery xfs_recovery
+    local out db xfs blk db_recovery xfs_recovery blk_recovery
     printf '%s' "$KNOWN_KEY_TEXT" >"$KNOWN_KEY"
     chmod 0400 "$KNOWN_KEY"
     out=$(bash -o pipefail -c "$(doc_block encryption.md 1)") ||
@@ -1537,10 +1544,17 @@ encrypted_create() {
         fail "create --encrypt of the xfs volume failed: $out"
     xfs_recovery=$(json_field recovery_key <<<"$out")
     [[ -n $xfs && -n $xfs_recovery ]] || fail "create --encrypt --json: no uuid or recovery_key: $out"
-    printf 'ENC_DB_RECOVERY=%s\nENC_XFS_RECOVERY=%s\n' "$db_recovery" "$xfs_recovery" >"$ENCRYPTED_STATE"
+    blk=$(new_uuid)
+    # Its own key file (create's), which boot 3 takes away for the guide's
+    # block-mode recovery.
+    out=$($CLI create --uuid "$blk" --path "/srv/volumes/$blk" --size 64M --mode block --encrypt --now --json) ||
+        fail "create --encrypt --mode block failed: $out"
+    blk_recovery=$(json_field recovery_key <<<"$out")
+    [[ -n $blk_recovery ]] || fail "create --encrypt --mode block --json: no recovery_key: $out"
+    printf 'ENC_DB_RECOVERY=%s\nENC_XFS_RECOVERY=%s\nENC_BLK_RECOVERY=%s\n' "$db_recovery" "$xfs_recovery" "$blk_recovery" >"$ENCRYPTED_STATE"
     # Enabled volumes like the others: every later check of all of them
     # (pv, by-loop-ref links, the emergency switch) counts these too.
-    printf 'ENC_DB=%s\nENC_XFS=%s\n' "$db" "$xfs" >>"$STATE"
+    printf 'ENC_DB=%s\nENC_XFS=%s\nENC_BLK=%s\n' "$db" "$xfs" "$blk" >>"$STATE"
     # shellcheck disable=SC1090
     . "$STATE"
     [[ $(stat -c '%u %a' "/etc/sparse-volume/keys/$db.key") == "0 400" ]] ||
@@ -1572,8 +1586,69 @@ encrypted_create() {
     out=$($CLI list --json || true)
     [[ $out == *"\"opened\":\"/dev/mapper/sparse-volume-$db\""* ]] ||
         fail "list --json does not show the opened device of $db: $out"
+    encrypted_block_create
     no_key_material "after create"
     log "encrypted: $db (ext4, the guide's) and $xfs (xfs, key file of known bytes) created, opened, mounted by UUID=; the ext4 grown online ${before} -> ${after} MiB; detach refused while mounted"
+}
+
+# The encrypted block volume: its opened device (the documented path,
+# /dev/mapper/sparse-volume-<UUID>) gets 4 MiB of random data raw, and a
+# unit bound to that device reads them back at every boot. Without the
+# package's udev rule systemd would keep the device "not ready" (dm-crypt
+# with no file system on it) and the unit would never start.
+ENC_BLK_PAYLOAD=/root/enc-blk.sha256
+ENC_BLK_READ=/run/enc-blk.sha256
+encrypted_block_create() {
+    local mapper=/dev/mapper/sparse-volume-$ENC_BLK device_unit
+    encrypted_block_device
+    head -c 4M /dev/urandom >/root/enc-blk.payload
+    dd if=/root/enc-blk.payload of="$mapper" bs=1M seek=1 oflag=direct conv=fsync status=none
+    sha256sum </root/enc-blk.payload | cut -d' ' -f1 >"$ENC_BLK_PAYLOAD"
+    rm /root/enc-blk.payload
+    device_unit=$(systemd-escape --path --suffix=device "$mapper")
+    cat >/etc/systemd/system/enc-blk-reader.service <<UNIT
+[Unit]
+Description=Reads the encrypted block volume raw
+BindsTo=$device_unit
+After=$device_unit sparse-volume@$ENC_BLK.service
+
+[Service]
+Type=oneshot
+RemainAfterExit=yes
+ExecStart=/bin/sh -c 'dd if=$mapper bs=1M skip=1 count=4 iflag=direct status=none | sha256sum | cut -d" " -f1 >$ENC_BLK_READ'
+
+[Install]
+WantedBy=multi-user.target
+UNIT
+    systemctl daemon-reload
+    systemctl enable --now enc-blk-reader.service ||
+        fail "the reader of the encrypted block volume did not start: $(systemctl status --no-pager enc-blk-reader.service | tail -n 5)"
+    encrypted_block_read "after create"
+    local pv
+    pv=$($CLI pv "$ENC_BLK" --json)
+    [[ $pv == *"\"path\": \"$mapper\""* ]] || fail "pv of the encrypted block volume does not name $mapper: $pv"
+}
+
+# The opened device of the encrypted block volume sits on its loop device's
+# partition, and systemd has its device unit (udev marked it ready).
+encrypted_block_device() {
+    local mapper=/dev/mapper/sparse-volume-$ENC_BLK device node
+    device=$(only_loop_of "$(file_of "$ENC_BLK")")
+    node=$(readlink -f "$mapper")
+    [[ $node == /dev/dm-* && -e /sys/class/block/${device#/dev/}p1/holders/${node#/dev/} ]] ||
+        fail "$ENC_BLK: $mapper is $node, expected a mapping on ${device}p1"
+    [[ $(udevadm info --query=property --property=SYSTEMD_READY --value "$node") != 0 ]] ||
+        fail "$ENC_BLK: udev marks $node SYSTEMD_READY=0: units waiting for it never start"
+    systemctl is-active --quiet "$(systemd-escape --path --suffix=device "$mapper")" ||
+        fail "$ENC_BLK: the device unit of $mapper is $(systemctl is-active "$(systemd-escape --path --suffix=device "$mapper")")"
+}
+
+encrypted_block_read() {
+    local when=$1
+    systemctl is-active --quiet enc-blk-reader.service ||
+        fail "$when: enc-blk-reader.service (bound to the encrypted block volume's device) is $(systemctl is-active enc-blk-reader.service)"
+    [[ $(cat "$ENC_BLK_READ" 2>/dev/null) == "$(cat "$ENC_BLK_PAYLOAD")" ]] ||
+        fail "$when: the encrypted block volume's data read by its unit does not match what was written"
 }
 
 # Each encrypted volume: its file system's link points at its mapping,
@@ -1614,7 +1689,7 @@ no_key_material() {
     )
     # The generated key files hold raw bytes no report could print as
     # such; the key file of known text stands for them.
-    for secret in "$KNOWN_KEY_TEXT" "$ENC_DB_RECOVERY" "$ENC_XFS_RECOVERY"; do
+    for secret in "$KNOWN_KEY_TEXT" "$ENC_DB_RECOVERY" "$ENC_XFS_RECOVERY" "$ENC_BLK_RECOVERY"; do
         [[ $seen != *"$secret"* ]] || fail "$where: key material found in the journal or a report: ${secret:0:12}…"
     done
 }
@@ -1632,9 +1707,11 @@ encrypted_check() {
         check_payload /srv/enc-db enc-db
         check_payload /srv/enc-xfs enc-xfs
         encrypted_links
+        encrypted_block_device
+        encrypted_block_read "boot 1"
         encrypted_shutdown_order
         no_key_material "after boot 1"
-        log "boot 1: both encrypted volumes unlocked unattended, mounted, checksums intact; the previous shutdown unmounted, closed, then detached"
+        log "boot 1: the three encrypted volumes unlocked unattended, mounted or read raw, checksums intact; the previous shutdown unmounted, closed, then detached"
         ;;
     3)
         # prepare-boot 3 took the guide volume's key file away.
@@ -1650,23 +1727,35 @@ encrypted_check() {
         ! findmnt /srv/enc-db >/dev/null || fail "boot 3: /srv/enc-db is mounted without its volume"
         findmnt /srv/enc-xfs >/dev/null || fail "boot 3: the other encrypted volume is not mounted"
         check_payload /srv/enc-xfs enc-xfs
+        encrypted_block_device
+        encrypted_block_read "boot 3"
         log "boot 3: without its key file $ENC_DB failed alone: $line"
         encrypted_recovery
+        encrypted_block_recovery
         ;;
     *) fail "encrypted-check: no boot $boot" ;;
     esac
+}
+
+# A recovery block of the guide (on stdin) as a script for volume $1: its
+# UUID and backing file put in for the example's, each cryptsetup given the
+# recovery key ($RECOVERY_KEY) on its standard input as a person types it.
+recovery_script() {
+    local uuid=$1 line command
+    while IFS= read -r line; do
+        command=${line//2f0c5a8e-7d1b-4c3e-9a6f-0b1c2d3e4f5a/$uuid}
+        command=${command//\/var\/lib\/sparse-volume\/\$uuid/$(file_of "$uuid")}
+        [[ $command == cryptsetup* ]] && command+=' <<<"$RECOVERY_KEY"'
+        printf '%s\n' "$command"
+    done
 }
 
 # The guide's recovery commands as written (the volume's UUID put in), each
 # cryptsetup given the recovery key on its standard input as a person
 # types it at the prompt; then the consumer mounts, with its data.
 encrypted_recovery() {
-    local script="" line command out
-    while IFS= read -r line; do
-        command=${line//2f0c5a8e-7d1b-4c3e-9a6f-0b1c2d3e4f5a/$ENC_DB}
-        [[ $command == cryptsetup* ]] && command+=' <<<"$RECOVERY_KEY"'
-        script+="$command"$'\n'
-    done < <(doc_block encryption.md 2)
+    local script out
+    script=$(recovery_script "$ENC_DB" < <(doc_block encryption.md 3))
     [[ $script == *"systemctl start"* ]] || fail "encryption guide: the recovery block has no systemctl start: $script"
     out=$(RECOVERY_KEY=$ENC_DB_RECOVERY bash -euo pipefail -c "$script" 2>&1) ||
         fail "encryption guide: the recovery commands failed: $out"
@@ -1676,6 +1765,30 @@ encrypted_recovery() {
     encrypted_links
     no_key_material "after the recovery"
     log "recovery: the guide's commands with the recovery key gave $ENC_DB a new key file; unlocked, mounted, checksum intact"
+}
+
+# The encrypted block volume loses its key file while stopped: its start
+# fails in one line naming it, then the guide's block-mode recovery
+# commands (its UUID and backing file put in, the recovery key typed at
+# each prompt) bring it back, and its reader finds the data intact.
+encrypted_block_recovery() {
+    local key=/etc/sparse-volume/keys/$ENC_BLK.key script out
+    systemctl stop "sparse-volume@$ENC_BLK.service"
+    mv "$key" /root/lost-blk.key
+    systemctl start "sparse-volume@$ENC_BLK.service" 2>/dev/null &&
+        fail "the encrypted block volume started without its key file"
+    out=$(journalctl --no-pager -o cat -u "sparse-volume@$ENC_BLK.service" | grep -cF "key file $key of volume $ENC_BLK is missing" || true)
+    ((out >= 1)) || fail "no journal line of the unit naming the encrypted block volume and its missing key file"
+    script=$(recovery_script "$ENC_BLK" < <(doc_block encryption.md 4))
+    [[ $script == *'"${dev}p1"'* ]] || fail "encryption guide: the block-mode recovery block does not work on the partition: $script"
+    out=$(RECOVERY_KEY=$ENC_BLK_RECOVERY bash -euo pipefail -c "$script" 2>&1) ||
+        fail "encryption guide: the block-mode recovery commands failed: $out"
+    systemctl is-active --quiet "sparse-volume@$ENC_BLK.service" || fail "after recovery the unit of $ENC_BLK is not active"
+    encrypted_block_device
+    systemctl start enc-blk-reader.service
+    encrypted_block_read "after the block-mode recovery"
+    no_key_material "after the block-mode recovery"
+    log "block-mode recovery: the guide's commands with the recovery key gave $ENC_BLK a new key file; opened, read raw, checksum intact"
 }
 
 # In the previous boot's shutdown, each encrypted volume's consumer
@@ -1693,6 +1806,8 @@ encrypted_shutdown_order() {
         [[ -n $unmounted && -n $stopped ]] && ((unmounted < stopped)) ||
             fail "previous shutdown of $uuid: unmount at line ${unmounted:-none}, close and detach at ${stopped:-none} of the journal since the reboot; expected the unmount first: $(grep -E "$mountpoint|$uuid" <<<"$journal" | head -n 20)"
     done
+    grep -qE "^detached $ENC_BLK \(/dev/loop[0-9]+; closed /dev/mapper/sparse-volume-$ENC_BLK first\)$" <<<"$journal" ||
+        fail "previous shutdown of the encrypted block volume $ENC_BLK: no line saying its mapping closed before its loop device went: $(grep -E "$ENC_BLK" <<<"$journal" | head -n 20)"
 }
 
 case $phase in

@@ -174,7 +174,7 @@ if [[ ${SV_VM_QUICK:-0} == 1 ]]; then
     restart_checked 4 "sparse_volume=off: no volume, the boot still reaches multi-user.target"
     phase "verify after boot 4" verify 4
 else
-    phase "encrypted volumes: the guide's and an xfs one, mounted by UUID=" encrypted-create
+    phase "encrypted volumes: the guide's and an xfs one, mounted by UUID=; a block one, read raw" encrypted-create
     phase "a block volume's partition appears once per attach" partition-once
     if [[ $scope == full ]]; then
         phase "the README's first volume, as written" readme-create
@@ -203,7 +203,7 @@ else
     phase "package upgrade, removal, purge, fresh install" package
     phase "an unknown key in config.toml and sparse_volume.skip= for boot 3" prepare-boot 3
     restart_checked 3 "after purge and a fresh install with the default config.toml plus an unknown key, two volumes skipped, an encrypted volume's key file gone"
-    phase "encrypted volumes after boot 3: the one without its key failed alone; the guide's recovery" encrypted-check 3
+    phase "encrypted volumes after boot 3: the one without its key failed alone; the guide's recoveries (filesystem and block mode)" encrypted-check 3
     phase "verify after boot 3" verify 3
     phase "the emergency switch guide's commands, as written" emergency-switch-doc
     if [[ $scope == full ]]; then

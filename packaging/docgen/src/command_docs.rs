@@ -423,7 +423,8 @@ pub const COMMAND_DOCS: &[CommandDoc] = &[
         success: Some("Also when the volume is as desired already (\"changed\": false)."),
         failure: Some(
             "Also when a property that cannot change differs (mode, file system, \
-             path, sector size, preallocation) or the size would shrink, naming it.",
+             path, sector size, preallocation, encryption, key file) or the size \
+             would shrink, naming it.",
         ),
         examples: &[
             Example {
@@ -436,6 +437,11 @@ pub const COMMAND_DOCS: &[CommandDoc] = &[
                 what: "The same with flags, then the volume gone (its file kept):",
                 commands: "sparse-volume apply --name pg-data --size 20G --fs xfs --now\n\
                            sparse-volume apply --name pg-data --state absent",
+            },
+            Example {
+                what: "An encrypted volume; the report shows its recovery key (\"recovery_key\"), \
+                       only in the run that creates it:",
+                commands: "sparse-volume apply --name vault --size 1G --encrypt --json",
             },
         ],
         see_also: &[

@@ -98,12 +98,13 @@ def _exited_zero(retcode, report):
     return retcode == 0
 
 
-def _run(args, stdin=None, answered=_exited_zero):
+def _run(args, stdin=None, answered=_exited_zero, secret_output=False):
     """
     Run the CLI with ``args`` (``--json`` appended) and return its parsed
     JSON, with the CLI's warnings under ``warnings`` when it gave any;
     raise CommandExecutionError with the CLI's message unless
-    ``answered(retcode, report)`` says the run answered.
+    ``answered(retcode, report)`` says the run answered. With
+    ``secret_output`` the command's output is kept out of the minion's log.
     """
     cmd = [_binary()] + list(args) + ["--json"]
     result = __salt__["cmd.run_all"](
@@ -113,7 +114,9 @@ def _run(args, stdin=None, answered=_exited_zero):
         # A refusal is an expected answer, reported by the caller; Salt
         # need not log it as a failed command as well.
         ignore_retcode=True,
-        output_loglevel="debug",
+        # apply's report may hold a new volume's recovery key: it goes to
+        # the caller, never to the log.
+        output_loglevel="quiet" if secret_output else "debug",
     )
     stdout = (result.get("stdout") or "").strip()
     try:
@@ -158,6 +161,7 @@ def apply(test=None, **desired):
     ``state`` (present/absent), ``uuid``, ``name``, ``size`` (bytes or a
     string such as ``10G``), ``mode``, ``fs_type``, ``path``, ``enabled``,
     ``read_only``, ``preallocate``, ``sector_size``, ``mkfs_options``,
+    ``encrypt``, ``key_file`` (a path on the minion, never the key itself),
     ``clone_of``, ``freeze_during_copy``, ``replaces_unit``, ``delete_data``,
     ``now``. Unknown
     keys are refused by the CLI.
@@ -167,8 +171,11 @@ def apply(test=None, **desired):
         Defaults to the minion's ``test`` option.
 
     Returns the CLI's JSON report (``changed``, ``uuid``, ``actions``,
-    ``before``, ``after``, ``dry_run`` ...), and ``warnings`` (the CLI's
-    warning lines) when it gave any.
+    ``before``, ``after``, ``dry_run``, ``recovery_key`` ...), and
+    ``warnings`` (the CLI's warning lines) when it gave any.
+    ``recovery_key`` is set only by the run that created an encrypted
+    volume (``encrypt=True``), the one time it is shown: store it in a
+    vault. The CLI's output is kept out of the minion's log for that reason.
 
     A refusal raises CommandExecutionError with the CLI's message; so does
     a step that failed after another changed the volume (a create whose
@@ -186,7 +193,7 @@ def apply(test=None, **desired):
     args = ["apply", "--stdin"]
     if test:
         args.append("--dry-run")
-    return _run(args, stdin=json.dumps(desired))
+    return _run(args, stdin=json.dumps(desired), secret_output=True)
 
 
 def list_():

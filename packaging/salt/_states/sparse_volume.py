@@ -18,9 +18,21 @@ this module only turns its JSON report into a state return.
         - size: 2G
         - mode: block
 
+    secrets:
+      sparse_volume.present:
+        - size: 5G
+        - encrypt: True
+
     old-data:
       sparse_volume.absent:
         - delete_data: False
+
+An encrypted volume's recovery key is returned once, by the run that
+created it, under ``changes:recovery_key``. Salt has no per-state
+``no_log``: apply such a state with ``--state-output=terse`` so that the
+output leaves ``changes`` out, take the key from the job's return
+(``salt-run jobs.lookup_jid <JID> --out=json``) into a vault, and keep the
+master's job cache, which holds the return, short (``keep_jobs_seconds``).
 """
 
 from salt.exceptions import CommandExecutionError
@@ -81,6 +93,10 @@ def _converge(name, desired):
         "before": report.get("before"),
         "after": report.get("after"),
     }
+    if report.get("recovery_key"):
+        # The one time it is shown: the state's return is the only place
+        # left to take it from (see the module's docstring).
+        ret["changes"]["recovery_key"] = report["recovery_key"]
     actions = ", ".join(report.get("actions", [])) or "changes"
     if test:
         # None is Salt's "would change" in test mode.
@@ -102,7 +118,12 @@ def present(name, **kwargs):
     Any other argument is a key of ``sparse-volume apply``: ``uuid``,
     ``size`` (bytes or ``10G``), ``mode`` (filesystem/block), ``fs_type``
     (ext4/xfs), ``path``, ``enabled``, ``read_only``, ``preallocate``,
-    ``sector_size``, ``mkfs_options``, ``now``, and ``clone_of`` (make
+    ``sector_size``, ``mkfs_options``, ``now``, ``encrypt`` (LUKS2 inside
+    a new volume's backing file, unlocked at boot by a key file; the run
+    that creates it returns its recovery key under
+    ``changes:recovery_key``, once) and ``key_file`` (the key file's path
+    on the minion; by default a new one under
+    ``/etc/sparse-volume/keys``), and ``clone_of`` (make
     it as a clone of that volume, its content at one instant; with
     ``freeze_during_copy`` on storage without reflink), and
     ``replaces_unit`` (register the existing file at ``path`` and take it
@@ -110,8 +131,8 @@ def present(name, **kwargs):
     ``metalk8s-sparse-volume@<UUID>.service``). Omitted keys mean the
     default for a new volume and "leave as it is" for an existing one.
     A smaller size, or a different mode, file system, path, sector size,
-    preallocation or mkfs options, is refused (result False) and never
-    applied. A step that fails after another changed the volume (a create
+    preallocation, mkfs options, encryption or key file, is refused (result
+    False) and never applied. A step that fails after another changed the volume (a create
     whose start failed) is result False with the change under ``changes``
     (``uuid``, ``actions``). The CLI's warnings are the state's
     ``warnings``.

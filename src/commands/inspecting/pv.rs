@@ -143,7 +143,7 @@ fn pretty_json(value: &Value) -> String {
 
 fn persistent_volume(volume: &Volume, node: &str, request: &PvRequest) -> Value {
     let id = volume.id.to_string();
-    let link = volume.mode.udev_link(&volume.id).display().to_string();
+    let link = volume.consumer_path().display().to_string();
     let mut annotations = Map::new();
     if let Some(name) = &volume.name {
         annotations.insert(NAME_ANNOTATION.into(), name.as_str().into());

@@ -15,11 +15,12 @@ use crate::commands::report::{Failure, Outcome, Report};
 use crate::engine::activate::{attached_devices, bring_up_now};
 use crate::engine::attach::sector_size_blocks_direct_io;
 use crate::engine::capacity;
-use crate::engine::encryption::{mapping_name, RECOVERY_GUIDE};
+use crate::engine::encryption::{mapping_name, on_header, RECOVERY_GUIDE};
 use crate::hooks::{self, Crash};
 use crate::kernel::block_device::backing_logical_block_size;
 use crate::kernel::dm_crypt;
 use crate::kernel::files::{sync_dir, write_atomically};
+use crate::kernel::loop_device::{self, LoopDevice};
 use crate::registry::paths::{SystemRoot, KEYS_DIR};
 use crate::registry::{check_path, check_size, Registry, Volume};
 use crate::volume::backing_file::{allocate, open_backing_file};
@@ -364,6 +365,15 @@ pub fn create_volume(registry: &Registry, request: &CreateRequest) -> Result<Cre
         };
         refuse_known_mkfs_failures(*fs_type, file_system_size)?;
     }
+    // The partition table's room (1 MiB of alignment before the partition,
+    // the backup table after it) and the header's.
+    let smallest_encrypted_block = luks::DATA_OFFSET + (2 << 20);
+    if volume.mode.is_block() && volume.encryption.is_some() && size <= smallest_encrypted_block {
+        bail!(
+            "an encrypted block volume needs more than {} (its partition table and LUKS2 header); ask for a larger size",
+            format_size(smallest_encrypted_block)
+        );
+    }
     if request.dry_run {
         // The directory is not made; the file system it would be made on
         // is the one its nearest existing ancestor is on.
@@ -517,9 +527,24 @@ fn renew_recovery_key(
     let Some(encryption) = &volume.encryption else {
         return Ok(None);
     };
+    // Lock order registry → volume, as everywhere (the caller holds the
+    // registry's): no attach opens the header while it is rewritten.
+    let _volume_lock = Registry::volume_lock(root, &volume.id)?;
+    // An attached volume's header is read through its device, whose cache
+    // would not see a rewrite of the file behind it.
+    let devices = loop_device::devices_backed_by(host_path)?;
+    if let Some(number) = devices.first() {
+        bail!(
+            "volume {} was attached ({}) before its interrupted create showed a recovery key; detach it and run the same create again, which replaces its recovery key and shows the new one",
+            volume.id,
+            LoopDevice::path_of(*number).display()
+        );
+    }
     let recovery_key = luks::new_recovery_key()?;
     let key_file = root.host_path(&encryption.key_file);
-    luks::replace_recovery_key(host_path, &key_file, &recovery_key)?;
+    on_header(volume, host_path, true, |header| {
+        luks::replace_recovery_key(header, &key_file, &recovery_key)
+    })?;
     Ok(Some(recovery_key))
 }
 
@@ -548,24 +573,15 @@ fn ensure_same_spec(existing: &Volume, request: &CreateRequest, size: u64) -> Re
             path: request.path.as_deref(),
             preallocate: Some(request.preallocate),
             sector_size: request.sector_size,
+            encrypt: Some(request.encryption.is_some()),
+            key_file: request
+                .encryption
+                .as_ref()
+                .and_then(|e| e.key_file.as_deref()),
         },
     ));
     if request.name.is_some() && request.name != existing.name {
         differences.push("name".to_string());
-    }
-    match (&existing.encryption, &request.encryption) {
-        (None, Some(_)) => differences.push("not encrypted (asked --encrypt)".to_string()),
-        (Some(_), None) => differences.push("encrypted (asked without --encrypt)".to_string()),
-        (Some(existing), Some(asked)) => {
-            if let Some(key_file) = asked.key_file.as_ref().filter(|k| **k != existing.key_file) {
-                differences.push(format!(
-                    "key file {} (asked {})",
-                    existing.key_file.display(),
-                    key_file.display()
-                ));
-            }
-        }
-        (None, None) => {}
     }
     if differences.is_empty() {
         return Ok(());
@@ -591,6 +607,9 @@ pub struct AskedSpec<'a> {
     pub path: Option<&'a Path>,
     pub preallocate: Option<bool>,
     pub sector_size: Option<u32>,
+    pub encrypt: Option<bool>,
+    /// With `encrypt`: the key file asked for (none: any).
+    pub key_file: Option<&'a Path>,
 }
 
 /// The properties fixed when a volume was made (no command changes them)
@@ -640,6 +659,20 @@ pub fn spec_differences(existing: &Volume, asked: &AskedSpec) -> Vec<String> {
             existing.sector_size
         ));
     }
+    match (&existing.encryption, asked.encrypt) {
+        (None, Some(true)) => differences.push("not encrypted (asked to encrypt)".to_string()),
+        (Some(_), Some(false)) => differences.push("encrypted (asked not to)".to_string()),
+        (Some(existing), Some(true)) => {
+            if let Some(key_file) = asked.key_file.filter(|k| *k != existing.key_file) {
+                differences.push(format!(
+                    "key file {} (asked {})",
+                    existing.key_file.display(),
+                    key_file.display()
+                ));
+            }
+        }
+        _ => {}
+    }
     differences
 }
 
@@ -659,8 +692,15 @@ fn adopt_interrupted(host_path: &Path, mut volume: Volume) -> Result<Volume> {
     let length = file.metadata()?.len();
     // The header's UUID was chosen by the create that was interrupted
     // (which renames the file into place only once it is whole).
-    if let (Some(encryption), Content::Luks2 { uuid }) = (&mut volume.encryption, &content) {
-        encryption.luks_uuid = *uuid;
+    if let Some(encryption) = &mut volume.encryption {
+        match &content {
+            Content::Luks2 { uuid }
+            | Content::PartitionTable {
+                header_inside: Some(uuid),
+                ..
+            } => encryption.luks_uuid = *uuid,
+            _ => {}
+        }
     }
     let expected = volume.identity().is_held_by(&content)
         && content.works_with_sector_size(volume.sector_size);
@@ -775,8 +815,11 @@ fn fill_backing_file(
                 );
             }
         }
-        (Mode::Block, Some(_), Some(_)) => {
-            bail!("encrypted block volumes are not supported yet")
+        (Mode::Block, Some(encryption), Some(secrets)) => {
+            tracing::info!(progress = true, "writing the partition table");
+            let partition = gpt_layout::write_new(file, volume.id.uuid(), volume.sector_size)
+                .with_context(|| format!("partitioning {}", temporary.display()))?;
+            format_in_partition(file, partition, volume, encryption, secrets)?;
         }
         (Mode::Block, None, _) => {
             tracing::info!(progress = true, "writing the partition table");
@@ -787,6 +830,33 @@ fn fill_backing_file(
     hooks::crash_at(Crash::CreateAfterFormat);
     file.sync_all()
         .with_context(|| format!("syncing {}", temporary.display()))
+}
+
+/// An encrypted block volume's LUKS2 header, at the start of its
+/// partition (consumers get the opened device raw, as they get a plain
+/// block volume's partition).
+fn format_in_partition(
+    file: &File,
+    partition: gpt_layout::PartitionExtent,
+    volume: &Volume,
+    encryption: &Encryption,
+    secrets: &Secrets,
+) -> Result<()> {
+    if partition.length_bytes() <= luks::DATA_OFFSET {
+        bail!(
+            "an encrypted block volume needs a partition larger than {} (its LUKS2 header); ask for a larger size",
+            format_size(luks::DATA_OFFSET)
+        );
+    }
+    luks::with_header_at(file, partition.start_bytes(), true, |header| {
+        luks::format(
+            header,
+            encryption.luks_uuid,
+            volume.sector_size,
+            &secrets.key_file,
+        )?;
+        luks::enroll_recovery_key(header, &secrets.key_file, &secrets.recovery_key)
+    })
 }
 
 /// An encrypted volume's content: the LUKS2 header with the key file and
@@ -804,7 +874,7 @@ fn fill_encrypted(
         mkfs_options,
     } = &volume.mode
     else {
-        bail!("encrypted block volumes are not supported yet");
+        bail!("an encrypted block volume's header is made in its partition");
     };
     let name = mapping_name(&volume.id);
     if dm_crypt::exists(&name) {

@@ -248,19 +248,28 @@ fn grow_what_the_file_holds(
             loop_device::forbid_discards(number)?;
         }
     }
-    if let Some(encryption) = &volume.encryption {
-        tracing::info!(progress = true, "growing the encrypted mapping");
-        dm_crypt::resize(
-            &mapping_name(&volume.id),
-            &root.host_path(&encryption.key_file),
-        )?;
-    }
+    // The mapping grows to the end of what holds it: the loop device, or
+    // in block mode the partition, once that has grown.
+    let grow_mapping = || -> Result<()> {
+        match (&volume.encryption, fs_device) {
+            (Some(encryption), Some(_)) => {
+                tracing::info!(progress = true, "growing the encrypted mapping");
+                dm_crypt::resize(
+                    &mapping_name(&volume.id),
+                    &root.host_path(&encryption.key_file),
+                )
+            }
+            _ => Ok(()),
+        }
+    };
     match &volume.mode {
         Mode::Block => {
             tracing::info!(progress = true, "growing the partition");
-            grow_partition(file, volume, devices)
+            grow_partition(file, volume, devices)?;
+            grow_mapping()
         }
         Mode::Filesystem { fs_type, .. } => {
+            grow_mapping()?;
             tracing::info!(progress = true, "growing the {fs_type} file system");
             grow_filesystem(root, volume, *fs_type, file, host_path, fs_device)
         }
@@ -331,7 +340,9 @@ struct FileSystemDevice {
 /// before anything changes otherwise.
 fn file_system_device(volume: &Volume, devices: &[u32]) -> Result<Option<FileSystemDevice>> {
     let Some(&number) = devices.first() else {
-        if volume.encryption.is_some() {
+        // A detached encrypted block volume grows like a plain one: its
+        // mapping takes the partition's new size when it is next opened.
+        if volume.encryption.is_some() && !volume.mode.is_block() {
             bail!(
                 "volume {} is encrypted and grows only while attached (its file system is inside the opened mapping); nothing was changed: attach it, then resize again",
                 volume.id

@@ -109,6 +109,8 @@ class Fleet:
                 "sv_volumes": documents(host),
                 # partial.yml's volume, made only by that step.
                 "sv_late_uuid": volume_uuid(host, "late"),
+                # encrypt.yml's volume.
+                "sv_vault_uuid": volume_uuid(host, "vault"),
             }
         self.inventory.write_text(json.dumps({"fleet": {
             "hosts": hosts,
@@ -350,11 +352,12 @@ def test_refusal_is_the_cli_message(fleet):
     few = fleet.hosts[:FEW]
     before = {host: snapshot(fleet.root(host)) for host in few}
     _, recap, _ = fleet.playbook("refuse.yml", "--limit", ",".join(few))
-    assert_recap(recap, few, failed=0, ignored=2, changed=1)  # changed: the results file
+    assert_recap(recap, few, failed=0, ignored=3, changed=1)  # changed: the results file
     for host in few:
         results = json.loads((fleet.results / ("refuse-%s.json" % host)).read_text())
         for key, document in (("shrink", {"name": "raw", "size": "64M"}),
-                              ("too_big", {"name": "logs", "size": "100T"})):
+                              ("too_big", {"name": "logs", "size": "100T"}),
+                              ("encrypt", {"name": "logs", "encrypt": True})):
             result = results[key]
             cli = fleet.cli(host, document)
             assert cli.returncode == 1, cli
@@ -362,6 +365,7 @@ def test_refusal_is_the_cli_message(fleet):
             assert result["failed"] is True and result["rc"] == 1
             assert without_free_space(result["msg"]) == without_free_space(expected)
         assert "shrink" in results["shrink"]["msg"]
+        assert "not encrypted (asked to encrypt)" in results["encrypt"]["msg"]
         assert snapshot(fleet.root(host)) == before[host], "%s: a refusal changed something" % host
 
 
@@ -432,6 +436,29 @@ def test_failure_after_a_change_says_so(fleet):
         assert fleet.backing(host, "late").stat().st_size == 64 * MIB
     attached = [f for f in attached_files() if f.startswith(str(fleet.base))]
     assert attached == [], "the failed start attached %s" % attached
+
+
+def test_encrypted_create_keeps_its_key_out_of_the_output(fleet):
+    """`encrypt` through the module, with the task's no_log: the plan says
+    encrypted, the volume is made (block mode: its header needs no
+    device-mapper), and its recovery key is in the registered result and
+    nowhere in the output."""
+    host = fleet.hosts[FEW]
+    _, recap, output = fleet.playbook("encrypt.yml", "--limit", host)
+    assert_recap(recap, [host], failed=0)
+    result = json.loads((fleet.results / ("encrypt-%s.json" % host)).read_text())
+    plan = result["plan"]
+    assert plan["changed"] is True and plan["recovery_key"] is None, plan
+    assert plan["actions"] == ["create an encrypted block volume of 64.0 MiB"], plan
+    assert plan["after"]["encrypted"] is True, plan
+    assert plan["after"]["key_file"] == "/etc/sparse-volume/keys/%s.key" % volume_uuid(host, "vault")
+    made = result["made"]
+    assert made["changed"] is True, made
+    key = made["recovery_key"]
+    assert isinstance(key, str) and len(key) == 71, made
+    assert key not in output, "no_log let the recovery key into the output"
+    assert fleet.registry(host, "vault")["key_file"] == plan["after"]["key_file"]
+    assert fleet.backing(host, "vault").exists()
 
 
 def test_cli_alone(fleet):

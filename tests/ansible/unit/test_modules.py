@@ -21,7 +21,7 @@ RECORD = {
     "uuid": UUID, "name": "data", "path": "/var/lib/sparse-volume/" + UUID,
     "size": 67108864, "mode": "filesystem", "fs_type": "ext4", "enabled": True,
     "read_only": False, "preallocated": False, "sector_size": 512,
-    "device": None, "active_state": "unknown",
+    "encrypted": False, "key_file": None, "device": None, "active_state": "unknown",
 }
 
 
@@ -107,13 +107,50 @@ def test_every_document_key_is_passed_through(monkeypatch):
         "state": "present", "uuid": UUID, "name": "data", "size": 1 << 30,
         "mode": "filesystem", "fs_type": "xfs", "path": "/srv/volumes/data",
         "enabled": False, "read_only": True, "preallocate": True, "sector_size": 4096,
-        "mkfs_options": ["-m", "reflink=1"], "delete_data": False, "now": True,
+        "mkfs_options": ["-m", "reflink=1"], "encrypt": True, "key_file": "/root/data.key",
+        "delete_data": False, "now": True,
     }
     cli = FakeCli(stdout=report())
     run(monkeypatch, sparse_volume, dict(args, binary="/opt/sv/bin/sparse-volume"), cli)
     cmd, _ = cli.calls[0]
     assert cmd[0] == "/opt/sv/bin/sparse-volume", "a path is used as given"
     assert cli.document() == args
+
+
+RECOVERY_KEY = "cbdefghi-jklnrtuv-cbdefghi-jklnrtuv-cbdefghi-jklnrtuv-cbdefghi-jklnrtuv"
+
+
+def test_an_encrypted_create_returns_its_recovery_key(monkeypatch):
+    key_file = "/etc/sparse-volume/keys/" + UUID + ".key"
+    after = dict(RECORD, encrypted=True, key_file=key_file)
+    cli = FakeCli(stdout=report(changed=True, before=None, after=after,
+                                actions=["create an encrypted filesystem (ext4) volume of 64.0 MiB"],
+                                recovery_key=RECOVERY_KEY))
+    outcome, result = run(monkeypatch, sparse_volume,
+                          {"name": "data", "size": "64M", "encrypt": True}, cli)
+    assert outcome == "ok"
+    assert result["recovery_key"] == RECOVERY_KEY
+    assert result["after"]["key_file"] == key_file
+    # Only `encrypt` goes to the CLI, on stdin; a key is never an argument.
+    cmd, data = cli.calls[0]
+    assert cmd == ["/usr/bin/sparse-volume", "apply", "--stdin", "--json"]
+    assert cli.document() == {"state": "present", "name": "data", "size": "64M", "encrypt": True}
+
+
+def test_a_key_file_goes_to_the_cli_as_a_path(monkeypatch):
+    cli = FakeCli(stdout=report())
+    run(monkeypatch, sparse_volume,
+        {"name": "data", "encrypt": True, "key_file": "/root/data.key"}, cli)
+    cmd, _ = cli.calls[0]
+    # The path in the document on stdin; the CLI on the node reads the file.
+    assert cli.document()["key_file"] == "/root/data.key"
+    assert not any("key" in arg for arg in cmd), cmd
+
+
+def test_no_recovery_key_is_null(monkeypatch):
+    # Older CLIs print no such field: the result has it all the same.
+    _, result = run(monkeypatch, sparse_volume, {"name": "data"}, FakeCli(stdout=report()))
+    assert result["recovery_key"] is None
 
 
 def test_templated_integer_size_goes_back_to_bytes(monkeypatch):

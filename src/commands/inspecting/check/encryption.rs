@@ -7,7 +7,7 @@ use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 
 use crate::commands::inspecting::check::{subject, Audit};
-use crate::engine::encryption::RECOVERY_GUIDE;
+use crate::engine::encryption::{on_header, RECOVERY_GUIDE};
 use crate::registry::Volume;
 use crate::volume::luks::{self, KEY_FILE_SLOT, RECOVERY_SLOT};
 
@@ -41,7 +41,7 @@ pub(super) fn audit_encryption(audit: &mut Audit, volume: &Volume, path: &Path) 
         ),
         Ok(_) => {}
     }
-    match luks::keyslots(path) {
+    match on_header(volume, path, false, luks::keyslots) {
         Ok(slots) => {
             for (slot, what) in [
                 (KEY_FILE_SLOT, "the key file's"),

@@ -37,6 +37,13 @@ pub struct Desired {
     pub preallocate: Option<bool>,
     pub sector_size: Option<u32>,
     pub mkfs_options: Option<Vec<String>>,
+    /// LUKS2 inside the backing file of a new volume (`create --encrypt`);
+    /// an existing volume must be encrypted (true) or not (false).
+    pub encrypt: Option<bool>,
+    /// With `encrypt`: the operator's key file, by path (its content never
+    /// passes through a document or a command line); by default `create`
+    /// makes one in the keys directory.
+    pub key_file: Option<PathBuf>,
     /// Made as a clone of this volume (when it does not exist yet); an
     /// existing volume must be its clone.
     pub clone_of: Option<VolumeRef>,
@@ -68,6 +75,8 @@ struct Document {
     preallocate: Option<bool>,
     sector_size: Option<u32>,
     mkfs_options: Option<Vec<String>>,
+    encrypt: Option<bool>,
+    key_file: Option<PathBuf>,
     clone_of: Option<String>,
     freeze_during_copy: Option<bool>,
     replaces_unit: Option<String>,
@@ -112,6 +121,8 @@ impl Desired {
             preallocate: document.preallocate,
             sector_size: document.sector_size,
             mkfs_options: document.mkfs_options,
+            encrypt: document.encrypt,
+            key_file: document.key_file,
             clone_of: document
                 .clone_of
                 .map(|text| text.parse::<VolumeRef>())
@@ -145,6 +156,11 @@ impl Desired {
         {
             return Err("fs_type and mkfs_options are only valid in filesystem mode".into());
         }
+        if self.key_file.is_some() && self.encrypt != Some(true) {
+            return Err(
+                "key_file is the key of an encrypted volume: it needs encrypt = true".into(),
+            );
+        }
         if self.clone_of.is_some() {
             if self.name.is_none() {
                 return Err("a clone needs a name (it is how a repeated apply finds it)".into());
@@ -156,6 +172,8 @@ impl Desired {
                 ("preallocate", self.preallocate.is_some()),
                 ("sector_size", self.sector_size.is_some()),
                 ("mkfs_options", self.mkfs_options.is_some()),
+                ("encrypt", self.encrypt.is_some()),
+                ("key_file", self.key_file.is_some()),
             ];
             if let Some((key, _)) = made_by_clone.iter().find(|(_, set)| *set) {
                 return Err(format!(
@@ -174,8 +192,12 @@ impl Desired {
             if self.uuid.is_none() || self.path.is_none() {
                 return Err("replaces_unit needs the uuid the file carries and its path".into());
             }
-            if self.preallocate.is_some() || self.mkfs_options.is_some() {
-                return Err("preallocate and mkfs_options make a new file; with replaces_unit the file exists".into());
+            if self.preallocate.is_some()
+                || self.mkfs_options.is_some()
+                || self.encrypt.is_some()
+                || self.key_file.is_some()
+            {
+                return Err("preallocate, mkfs_options, encrypt and key_file make a new file; with replaces_unit the file exists".into());
             }
         }
         if self.state == State::Present && self.delete_data {
@@ -192,12 +214,16 @@ mod tests {
     #[test]
     fn json_and_toml_say_the_same() {
         let json = r#"{"name": "pg-data", "size": "1G", "fs_type": "xfs", "enabled": false,
-                      "uuid": null, "path": null, "now": null}"#;
-        let toml = "name = \"pg-data\"\nsize = 1073741824\nfs_type = \"xfs\"\nenabled = false\n";
+                      "uuid": null, "path": null, "now": null, "encrypt": true,
+                      "key_file": "/root/pg.key"}"#;
+        let toml = "name = \"pg-data\"\nsize = 1073741824\nfs_type = \"xfs\"\nenabled = false\n\
+                    encrypt = true\nkey_file = \"/root/pg.key\"\n";
         let from_json = Desired::from_document(json).expect("JSON");
         assert_eq!(from_json, Desired::from_document(toml).expect("TOML"));
         assert_eq!(from_json.size, Some(1 << 30));
         assert_eq!(from_json.state, State::Present);
+        assert_eq!(from_json.encrypt, Some(true));
+        assert_eq!(from_json.key_file, Some(PathBuf::from("/root/pg.key")));
     }
 
     #[test]
@@ -232,6 +258,24 @@ mod tests {
                 r#"{"name": "a", "replaces_unit": "sparse-volume@a.service"}"#,
                 "own units",
             ),
+            (
+                r#"{"name": "a", "key_file": "/root/a.key"}"#,
+                "needs encrypt = true",
+            ),
+            (
+                r#"{"name": "a", "encrypt": false, "key_file": "/root/a.key"}"#,
+                "needs encrypt = true",
+            ),
+            (
+                r#"{"name": "a", "clone_of": "b", "encrypt": true}"#,
+                "encrypt is the source's in a clone",
+            ),
+            (
+                r#"{"name": "a", "uuid": "0b6e3c52-4a8e-4f5f-9d8a-2f3c1f2b9e11",
+                    "path": "/srv/a", "replaces_unit": "old@a.service", "encrypt": true}"#,
+                "with replaces_unit the file exists",
+            ),
+            (r#"{"name": "a", "encrypt": "yes"}"#, "invalid type"),
         ] {
             let error = Desired::from_document(text).expect_err(text);
             assert!(error.contains(reason), "{text}: {error}");

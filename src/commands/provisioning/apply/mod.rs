@@ -6,6 +6,7 @@
 //! checks and stops before changing anything.
 
 pub mod desired;
+mod encryption;
 mod record;
 
 use anyhow::{anyhow, bail, Context, Result};
@@ -53,6 +54,9 @@ pub struct ApplyReport {
     pub actions: Vec<String>,
     pub before: Option<VolumeRecord>,
     pub after: Option<VolumeRecord>,
+    /// An encrypted volume's recovery key, set only by the run that
+    /// created it (the one time it is shown; nothing keeps a copy).
+    pub recovery_key: Option<String>,
     #[serde(skip)]
     warnings: Vec<String>,
 }
@@ -65,10 +69,14 @@ impl Report for ApplyReport {
             (None, Some(uuid)) => uuid.clone(),
             (None, None) => "the volume".into(),
         };
-        match (self.actions.is_empty(), self.dry_run) {
+        let summary = match (self.actions.is_empty(), self.dry_run) {
             (true, _) => format!("{who} is already as asked ({})", state_name(self.state)),
             (false, false) => format!("{who}: {}", self.actions.join(", ")),
             (false, true) => format!("{who} would change: {}", self.actions.join(", ")),
+        };
+        match &self.recovery_key {
+            Some(key) => format!("{summary}\n{}", encryption::recovery_key_lines(key)),
+            None => summary,
         }
     }
 
@@ -136,6 +144,7 @@ fn converge(registry: &Registry, desired: &Desired, dry_run: bool) -> Outcome<Ap
         actions: Vec::new(),
         warnings: Vec::new(),
         uuid: existing.as_ref().map(|v| v.id),
+        recovery_key: None,
     };
     let planned = match (desired.state, existing) {
         (State::Absent, None) => Ok(None),
@@ -149,7 +158,7 @@ fn converge(registry: &Registry, desired: &Desired, dry_run: bool) -> Outcome<Ap
             return Err(Failure::PartlyApplied {
                 uuid,
                 actions: converge.actions,
-                error,
+                error: encryption::keep_in_error(error, converge.recovery_key.as_deref()),
             });
         }
         (planned, _) => planned.map_err(Failure::Unchanged)?,
@@ -167,7 +176,7 @@ fn converge(registry: &Registry, desired: &Desired, dry_run: bool) -> Outcome<Ap
         Some(uuid) if !converge.actions.is_empty() && !dry_run => Failure::PartlyApplied {
             uuid,
             actions: converge.actions.clone(),
-            error,
+            error: encryption::keep_in_error(error, converge.recovery_key.as_deref()),
         },
         _ => Failure::Unchanged(error),
     })?;
@@ -189,6 +198,7 @@ fn converge(registry: &Registry, desired: &Desired, dry_run: bool) -> Outcome<Ap
         actions: converge.actions,
         before,
         after,
+        recovery_key: converge.recovery_key,
         warnings: converge.warnings,
     })
 }
@@ -230,6 +240,13 @@ fn read_after(
                 after.uuid = None;
                 if desired.path.is_none() {
                     after.path.set_file_name(UUID_PLACEHOLDER);
+                }
+                if let Some(key_file) = after
+                    .key_file
+                    .as_mut()
+                    .filter(|_| desired.key_file.is_none())
+                {
+                    key_file.set_file_name(format!("{UUID_PLACEHOLDER}.key"));
                 }
             }
             Some(after)
@@ -287,6 +304,9 @@ struct Converge<'a> {
     warnings: Vec<String>,
     /// The volume's UUID once it exists (for [`Failure::PartlyApplied`]).
     uuid: Option<VolumeId>,
+    /// Set by the create that enrolled it: for the report, or for the
+    /// failure of a later step.
+    recovery_key: Option<String>,
 }
 
 impl Converge<'_> {
@@ -322,7 +342,7 @@ impl Converge<'_> {
                 sector_size: desired.sector_size,
                 now: false,
                 dry_run: self.dry_run,
-                encryption: None,
+                encryption: encryption::request(desired),
             },
         )?;
         let id: VolumeId = created
@@ -332,14 +352,20 @@ impl Converge<'_> {
             .parse()
             .map_err(|e: String| anyhow!(e))?;
         self.uuid = Some(id);
+        self.recovery_key = created.recovery_key.clone();
         if created.changed {
+            let kind = match created.key_file {
+                Some(_) => "an encrypted",
+                None => "a",
+            };
             self.actions.push(format!(
-                "create a {} volume of {}",
+                "create {kind} {} volume of {}",
                 describe_mode(&mode),
                 format_size(created.size)
             ));
         }
         let volume = if self.dry_run {
+            let encryption = encryption::planned(&created)?;
             Volume {
                 id,
                 path: created.path,
@@ -353,7 +379,7 @@ impl Converge<'_> {
                 sector_size: created.sector_size,
                 origin: None,
                 replaces_unit: None,
-                encryption: None,
+                encryption,
             }
         } else {
             registry.require(&id)?
@@ -552,6 +578,8 @@ impl Converge<'_> {
                 path: desired.path.as_deref(),
                 preallocate: desired.preallocate,
                 sector_size: desired.sector_size,
+                encrypt: desired.encrypt,
+                key_file: desired.key_file.as_deref(),
             },
         );
         if !differences.is_empty() {

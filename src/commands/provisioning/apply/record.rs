@@ -25,6 +25,11 @@ pub struct VolumeRecord {
     pub read_only: bool,
     pub preallocated: bool,
     pub sector_size: u32,
+    /// LUKS2 inside the backing file.
+    pub encrypted: bool,
+    /// The key file that unlocks an encrypted volume (its path; a key
+    /// itself is never part of a record).
+    pub key_file: Option<PathBuf>,
     /// The loop device the backing file is attached to.
     pub device: Option<PathBuf>,
     /// systemd's ActiveState of the unit, `unknown` without systemd.
@@ -59,6 +64,8 @@ pub fn record_without_runtime(volume: &Volume) -> VolumeRecord {
         read_only: volume.read_only,
         preallocated: volume.preallocated,
         sector_size: volume.sector_size,
+        encrypted: volume.encryption.is_some(),
+        key_file: volume.encryption.as_ref().map(|e| e.key_file.clone()),
         device: None,
         active_state: UNKNOWN.to_string(),
     }

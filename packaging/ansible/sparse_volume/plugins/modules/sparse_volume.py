@@ -27,6 +27,11 @@ description:
     next attach, a flag written while systemd is not reachable, an unknown key in its
     configuration) become the task's warnings.
   - Options left out mean "do not care" for an existing volume and the CLI's default for a new one.
+  - With O(encrypt=true) a new volume is encrypted (LUKS2 inside its backing file, unlocked at
+    boot by a key file) and the task returns its RV(recovery_key), the one time it is shown.
+    Give such a task C(no_log=true) so that the key stays out of the output and the logs, and
+    store it in a vault (for example with a following task that writes it there, also with
+    C(no_log=true)).
 author:
   - The sparse-volume project (@sparse-volume)
 requirements:
@@ -124,12 +129,30 @@ options:
         task fails, nothing changes); an empty list is no difference.
     type: list
     elements: str
+  encrypt:
+    description:
+      - V(true) encrypts a new volume (C(sparse-volume create --encrypt)) with LUKS2 inside its
+        backing file, unlocked at boot by the key file O(key_file). The task returns the new
+        volume's RV(recovery_key), once; give the task C(no_log=true).
+      - For an existing volume, a value other than whether it is encrypted is refused (the task
+        fails, nothing changes); a volume is never encrypted or decrypted in place.
+      - The CLI's default for a new volume is V(false).
+    type: bool
+  key_file:
+    description:
+      - With O(encrypt=true), the key file on the node that unlocks the volume, as a path (its
+        content never passes through the module). It must exist, belong to root and be readable by
+        nobody else.
+      - The CLI's default makes a new key file, C(/etc/sparse-volume/keys/<uuid>.key).
+      - For an existing volume, another key file than its own is refused (the task fails, nothing
+        changes).
+    type: path
   clone_of:
     description:
       - Make the volume as a clone of this one (its UUID or name) when it does not exist, with
         its content at one instant, under an identity of its own (C(sparse-volume clone)). Needs
-        O(name); O(mode), O(fs_type), O(path), O(preallocate), O(sector_size) and
-        O(mkfs_options) are the source's and must be left out.
+        O(name); O(mode), O(fs_type), O(path), O(preallocate), O(sector_size),
+        O(mkfs_options), O(encrypt) and O(key_file) are the source's and must be left out.
       - An existing volume that is not a clone of it is refused (the task fails, nothing
         changes).
     type: str
@@ -194,6 +217,17 @@ EXAMPLES = r"""
   sparse_volume.sparse_volume.sparse_volume:
     name: pv-raw
     enabled: false
+
+- name: An encrypted volume; its recovery key is returned once, and kept out of the logs
+  sparse_volume.sparse_volume.sparse_volume:
+    name: pv-secrets
+    size: 5G
+    encrypt: true
+  no_log: true
+  register: secrets_volume
+# Then hand secrets_volume.recovery_key (null unless this run created the
+# volume) with secrets_volume.uuid and the node's name to your vault's
+# module, in a task that has no_log: true as well.
 
 - name: Unregister a volume and delete its data
   sparse_volume.sparse_volume.sparse_volume:
@@ -274,6 +308,15 @@ before:
       description: Logical sector size.
       type: int
       returned: always
+    encrypted:
+      description: LUKS2 inside the backing file.
+      type: bool
+      returned: always
+    key_file:
+      description: The key file that unlocks an encrypted volume (its path), null when not
+        encrypted.
+      type: str
+      returned: always
     device:
       description: Loop device it is attached to, or null.
       type: str
@@ -293,6 +336,8 @@ before:
     read_only: false
     preallocated: false
     sector_size: 512
+    encrypted: false
+    key_file: null
     device: /dev/loop3
     active_state: active
 after:
@@ -301,6 +346,16 @@ after:
   returned: always
   type: dict
   contains: *record
+recovery_key:
+  description:
+    - The recovery key of a volume this task created with O(encrypt=true), the one time it is
+      shown (sparse-volume keeps no copy); null in every other result, check mode included.
+      It opens the volume when its key file is lost.
+    - Give the task C(no_log=true) and store the key in a vault. If a later step of the same
+      task failed (a start with O(now=true)), the key is in the failure's message instead.
+  returned: always
+  type: str
+  sample: null
 """
 
 import json
@@ -311,8 +366,8 @@ from ansible_collections.sparse_volume.sparse_volume.plugins.module_utils.cli im
 # The keys of the CLI's desired-state document, named like the options.
 DOCUMENT_KEYS = (
     "state", "uuid", "name", "size", "mode", "fs_type", "path", "enabled",
-    "read_only", "preallocate", "sector_size", "mkfs_options", "clone_of",
-    "freeze_during_copy", "replaces_unit", "delete_data", "now",
+    "read_only", "preallocate", "sector_size", "mkfs_options", "encrypt", "key_file",
+    "clone_of", "freeze_during_copy", "replaces_unit", "delete_data", "now",
 )
 
 
@@ -342,6 +397,9 @@ def main():
             preallocate=dict(type="bool"),
             sector_size=dict(type="int", choices=[512, 4096]),
             mkfs_options=dict(type="list", elements="str"),
+            encrypt=dict(type="bool"),
+            # A path on the node: the key itself never passes through here.
+            key_file=dict(type="path", no_log=False),
             clone_of=dict(type="str"),
             freeze_during_copy=dict(type="bool"),
             replaces_unit=dict(type="str"),
@@ -365,6 +423,9 @@ def main():
         actions=report.get("actions") or [],
         before=report.get("before"),
         after=report.get("after"),
+        # Shown once, by the run that enrolled it: the task's only chance
+        # to keep it (the docs ask for no_log on such a task).
+        recovery_key=report.get("recovery_key"),
     )
     if module._diff:
         # A missing volume is an empty text (callbacks render a dict as
