@@ -106,6 +106,7 @@ fn check(image: &[u8]) {
         Content::PartitionTable {
             partitions,
             sector_size,
+            header_inside,
         } => {
             assert!(SECTOR_SIZES.contains(sector_size));
             assert!(content.works_with_sector_size(*sector_size));
@@ -113,11 +114,25 @@ fn check(image: &[u8]) {
             assert!(partitions.windows(2).all(|w| w[0].0 < w[1].0));
             assert!(partitions.iter().all(|(number, _)| *number >= 1));
             if let Some((1, guid)) = partitions.first() {
-                assert!(Identity::plain(&Mode::Block, *guid).is_held_by(&content));
+                // A header inside partition 1 makes it an encrypted block
+                // volume's, and only that.
+                let encrypted = Identity {
+                    mode: &Mode::Block,
+                    uuid: *guid,
+                    luks_uuid: *header_inside,
+                };
+                assert!(encrypted.is_held_by(&content));
+                assert_eq!(
+                    Identity::plain(&Mode::Block, *guid).is_held_by(&content),
+                    header_inside.is_none()
+                );
             }
         }
         Content::Luks2 { uuid } => {
-            let mode = Mode::Block;
+            let mode = Mode::Filesystem {
+                fs_type: FsType::Ext4,
+                mkfs_options: Vec::new(),
+            };
             let encrypted = Identity {
                 mode: &mode,
                 uuid: *uuid,
