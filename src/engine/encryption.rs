@@ -3,6 +3,7 @@
 //! loop device goes, both under the volume lock. The mapping's name comes
 //! from the volume UUID, so it is found again after any crash.
 
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
@@ -136,8 +137,8 @@ fn header_device(volume: &Volume, encryption: &Encryption, number: u32) -> Resul
 
 /// Runs `work` on the LUKS2 header of the volume whose backing file is at
 /// `host_path`: on the file itself in filesystem mode, on a copy of its
-/// partition's header area in block mode (written back when `work`
-/// changed it).
+/// partition's header area in block mode (what `work` changed in it
+/// written back only when the caller `writes`).
 pub fn on_header<T>(
     volume: &Volume,
     host_path: &Path,
@@ -147,7 +148,6 @@ pub fn on_header<T>(
     if !volume.mode.is_block() {
         return work(host_path);
     }
-    use std::os::unix::fs::OpenOptionsExt;
     // As every backing file is opened: never through a symlink.
     let file = std::fs::OpenOptions::new()
         .read(true)
