@@ -148,13 +148,31 @@ impl CreateReport {
             text.push_str(&format!("; {note}"));
         }
         if let Some(recovery_key) = &self.recovery_key {
-            text.push_str(&format!(
-                "\nrecovery key: {recovery_key}\n\
-                 Store it away from this machine now: it is shown only this once, and it opens \
-                 the volume when the key file is lost ({RECOVERY_GUIDE})."
-            ));
+            text.push('\n');
+            text.push_str(&recovery_key_lines(recovery_key));
         }
         text
+    }
+}
+
+/// The lines a human report ends with when a create enrolled a recovery
+/// key (`create`'s and `apply`'s).
+pub fn recovery_key_lines(recovery_key: &str) -> String {
+    format!(
+        "recovery key: {recovery_key}\n\
+         Store it away from this machine now: it is shown only this once, and it opens \
+         the volume when the key file is lost ({RECOVERY_GUIDE})."
+    )
+}
+
+/// A step that failed after the create must not lose the recovery key,
+/// shown by no later run: the failure says it.
+pub fn keep_in_error(error: anyhow::Error, recovery_key: Option<&str>) -> anyhow::Error {
+    match recovery_key {
+        Some(key) => error.context(format!(
+            "the volume was created; its recovery key, shown only now, is {key} (store it away from this machine)"
+        )),
+        None => error,
     }
 }
 
@@ -191,12 +209,7 @@ pub fn create(registry: &Registry, request: &CreateRequest) -> Outcome<CreateRep
         let activation = bring_up_now(registry, &id, true).map_err(|error| {
             // The only time the recovery key is shown must not be lost to
             // a failed start.
-            let error = match &report.recovery_key {
-                Some(key) => error.context(format!(
-                    "the volume was created; its recovery key, shown only now, is {key} (store it away from this machine)"
-                )),
-                None => error,
-            };
+            let error = keep_in_error(error, report.recovery_key.as_deref());
             if report.changed {
                 Failure::PartlyApplied {
                     uuid: id,

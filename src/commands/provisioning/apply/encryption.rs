@@ -1,14 +1,12 @@
 //! What `apply` adds to an encrypted volume: the desired `encrypt` and
-//! `key_file` handed to `create` (whose comparison with an existing volume
-//! apply shares), and the recovery key that only the create which
-//! enrolled it can show, carried to the report or, when a later step
-//! fails, to the error.
+//! `key_file` handed to `create` (whose comparison with an existing volume,
+//! and whose words for the recovery key, apply shares), and the
+//! encryption a dry run plans.
 
 use anyhow::{anyhow, Result};
 
 use super::desired::Desired;
 use crate::commands::provisioning::create::{CreateReport, EncryptRequest};
-use crate::engine::encryption::RECOVERY_GUIDE;
 use crate::volume::spec::Encryption;
 
 /// What a new volume asks of `create`: `encrypt` left out is a plain
@@ -34,27 +32,6 @@ pub fn planned(created: &CreateReport) -> Result<Option<Encryption>> {
             .map_err(|e| anyhow!("create planned header UUID {luks_uuid:?}: {e}"))?,
         key_file: key_file.clone(),
     }))
-}
-
-/// A step that failed after the create must not lose the recovery key,
-/// shown by no later run: the failure says it, as `create --now`'s does.
-pub fn keep_in_error(error: anyhow::Error, recovery_key: Option<&str>) -> anyhow::Error {
-    match recovery_key {
-        Some(key) => error.context(format!(
-            "the volume was created; its recovery key, shown only now, is {key} (store it away from this machine)"
-        )),
-        None => error,
-    }
-}
-
-/// The lines the human report ends with when a create enrolled a
-/// recovery key.
-pub fn recovery_key_lines(recovery_key: &str) -> String {
-    format!(
-        "recovery key: {recovery_key}\n\
-         Store it away from this machine now: it is shown only this once, and it opens \
-         the volume when the key file is lost ({RECOVERY_GUIDE})."
-    )
 }
 
 #[cfg(test)]

@@ -14,7 +14,8 @@ use serde::Serialize;
 
 use crate::commands::provisioning::clone::{clone_volume, CloneRequest};
 use crate::commands::provisioning::create::{
-    create_volume, spec_differences, AskedSpec, CreateRequest, UUID_PLACEHOLDER,
+    create_volume, keep_in_error, recovery_key_lines, spec_differences, AskedSpec, CreateRequest,
+    UUID_PLACEHOLDER,
 };
 use crate::commands::provisioning::register::{register, RegisterMode, RegisterRequest};
 use crate::commands::provisioning::{remove, resize};
@@ -75,7 +76,7 @@ impl Report for ApplyReport {
             (false, true) => format!("{who} would change: {}", self.actions.join(", ")),
         };
         match &self.recovery_key {
-            Some(key) => format!("{summary}\n{}", encryption::recovery_key_lines(key)),
+            Some(key) => format!("{summary}\n{}", recovery_key_lines(key)),
             None => summary,
         }
     }
@@ -158,7 +159,7 @@ fn converge(registry: &Registry, desired: &Desired, dry_run: bool) -> Outcome<Ap
             return Err(Failure::PartlyApplied {
                 uuid,
                 actions: converge.actions,
-                error: encryption::keep_in_error(error, converge.recovery_key.as_deref()),
+                error: keep_in_error(error, converge.recovery_key.as_deref()),
             });
         }
         (planned, _) => planned.map_err(Failure::Unchanged)?,
@@ -176,7 +177,7 @@ fn converge(registry: &Registry, desired: &Desired, dry_run: bool) -> Outcome<Ap
         Some(uuid) if !converge.actions.is_empty() && !dry_run => Failure::PartlyApplied {
             uuid,
             actions: converge.actions.clone(),
-            error: encryption::keep_in_error(error, converge.recovery_key.as_deref()),
+            error: keep_in_error(error, converge.recovery_key.as_deref()),
         },
         _ => Failure::Unchanged(error),
     })?;
